@@ -1,0 +1,1 @@
+"""bnlab: BatchNorm under data-parallel training."""

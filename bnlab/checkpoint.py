@@ -1,0 +1,37 @@
+"""Atomic checkpoints that load with `weights_only=True`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from bnlab.errors import BnlabError
+
+CHECKPOINT = "checkpoint.pt"
+
+
+def save(path: Path, state: dict) -> None:
+    """Write to a temp file in the same directory, then rename: a crash never leaves half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load(path: Path, map_location="cpu") -> dict:
+    path = Path(path)
+    if path.is_dir():
+        path = path / CHECKPOINT
+    if not path.is_file():
+        raise BnlabError(
+            f"checkpoint: {path} does not exist; point at a run directory or a .pt file."
+        )
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:
+        raise BnlabError(
+            f"checkpoint: {path} is corrupt or truncated ({type(e).__name__}); "
+            "use an earlier checkpoint or rerun."
+        ) from None

@@ -1,0 +1,126 @@
+"""Config checks, all in one place, run before any process group or file is created.
+
+Each failure is one sentence that names the key and the allowed values.
+"""
+
+from __future__ import annotations
+
+import os
+from numbers import Real
+from pathlib import Path
+
+import torch
+
+from bnlab.data import DATASETS, cifar_missing_message, cifar_present
+from bnlab.errors import BnlabError
+from bnlab.models import MODELS
+from bnlab.norms import NORMS
+from bnlab.optim import SCHEDULES
+from bnlab.rundir import read_status
+
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, Real) and not isinstance(v, bool)
+
+
+def _need(ok: bool, key: str, what: str, value) -> None:
+    if not ok:
+        raise BnlabError(f"{key} must be {what}, got {value!r}.")
+
+
+def _pos_int(cfg: dict, key: str, what: str = "a positive integer", minimum: int = 1) -> None:
+    v = _get(cfg, key)
+    _need(_is_int(v) and v >= minimum, key, what, v)
+
+
+def _get(cfg: dict, key: str):
+    for part in key.split("."):
+        cfg = cfg[part]
+    return cfg
+
+
+def _choice(cfg: dict, key: str, allowed) -> None:
+    v = _get(cfg, key)
+    _need(v in allowed, key, f"one of {', '.join(map(str, allowed))}", v)
+
+
+def max_local_ranks(device: str) -> int:
+    """How many ranks this machine can run: one per GPU, or 4 per CPU core."""
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        return torch.cuda.device_count()
+    return 4 * (os.cpu_count() or 1)
+
+
+def validate(cfg: dict) -> None:
+    """Reject invalid values with one sentence; nothing has been created yet."""
+    _pos_int(cfg, "batch_per_gpu", "a positive integer (images per rank per micro-batch)")
+    _pos_int(cfg, "grad_accum", "a positive integer (micro-batches per optimizer step)")
+    _pos_int(cfg, "epochs")
+    _pos_int(cfg, "eval_every", "a positive integer (evaluations per epoch)")
+    _pos_int(cfg, "log_every", "a positive integer (optimizer steps between log lines)")
+    _pos_int(cfg, "seed", "a non-negative integer", minimum=0)
+    _choice(cfg, "model.name", sorted(MODELS))
+    _choice(cfg, "data.name", sorted(DATASETS))
+    _choice(cfg, "norm.kind", sorted(NORMS))
+    for k in ("data.train_limit", "data.val_limit"):
+        _pos_int(cfg, k, "a non-negative integer (0 = all)", minimum=0)
+    _pos_int(cfg, "data.eval_batch")
+
+    o = cfg["optim"]
+    _need(_is_num(o["lr"]) and o["lr"] > 0, "optim.lr", "a positive number", o["lr"])
+    _need(_is_num(o["momentum"]) and 0 <= o["momentum"] < 1, "optim.momentum",
+          "a number in [0, 1)", o["momentum"])
+    _need(_is_num(o["weight_decay"]) and o["weight_decay"] >= 0, "optim.weight_decay",
+          "a non-negative number", o["weight_decay"])
+    _need(isinstance(o["nesterov"], bool), "optim.nesterov", "true or false", o["nesterov"])
+    _need(not o["nesterov"] or o["momentum"] > 0, "optim.nesterov",
+          "false when optim.momentum is 0 (Nesterov needs momentum)", o["nesterov"])
+    _choice(cfg, "optim.schedule", SCHEDULES)
+    w = o["warmup_epochs"]
+    _need(_is_num(w) and 0 <= w < cfg["epochs"], "optim.warmup_epochs",
+          f"a number in [0, epochs={cfg['epochs']})", w)
+    ms = o["step_milestones"]
+    _need(isinstance(ms, list) and all(_is_num(m) and 0 < m <= 1 for m in ms),
+          "optim.step_milestones", "a list of fractions of training in (0, 1]", ms)
+    _need(_is_num(o["step_gamma"]) and 0 < o["step_gamma"] <= 1, "optim.step_gamma",
+          "a number in (0, 1]", o["step_gamma"])
+
+    d = cfg["dist"]
+    _choice(cfg, "dist.device", ("auto", "cpu", "cuda"))
+    _choice(cfg, "dist.backend", ("auto", "gloo", "nccl"))
+    if d["device"] == "cuda" and not torch.cuda.is_available():
+        raise BnlabError("dist.device=cuda but no CUDA device is visible; use dist.device=auto.")
+    cuda = d["device"] == "cuda" or (d["device"] == "auto" and torch.cuda.is_available())
+    if d["backend"] == "nccl" and not cuda:
+        raise BnlabError("dist.backend=nccl needs CUDA; use dist.backend=auto (gloo on CPU).")
+    _pos_int(cfg, "dist.nproc_per_node")
+    limit = max_local_ranks(d["device"])
+    _need(d["nproc_per_node"] <= limit, "dist.nproc_per_node",
+          f"at most {limit} on this machine", d["nproc_per_node"])
+    _need(_is_num(d["timeout_s"]) and d["timeout_s"] > 0, "dist.timeout_s", "a positive number",
+          d["timeout_s"])
+    _pos_int(cfg, "dist.threads", "a non-negative integer (0 = cores / local ranks)", minimum=0)
+    _choice(cfg, "logger.wandb.mode", WANDB_MODES)
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Never write into a directory that already holds a run."""
+    status = read_status(run_dir)
+    if status is not None:
+        raise BnlabError(
+            f"the run directory {run_dir} already holds a {status} run; choose another "
+            "hydra.run.dir (or delete that directory yourself)."
+        )
+
+
+def check_data(cfg: dict) -> None:
+    """A missing dataset with downloads off is an error before anything starts."""
+    d = cfg["data"]
+    if d["name"] == "cifar10" and not d["download"] and not cifar_present(Path(d["root"])):
+        raise BnlabError(cifar_missing_message(Path(d["root"])) + " (data.download=false)")

@@ -1,0 +1,134 @@
+"""All distributed plumbing: rank, world, device, reductions, local launch, teardown.
+
+The trainer never asks how it was launched. It gets a `DistEnv` and calls the helpers
+below, which are no-ops for a single process.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+    backend: str | None  # None when world == 1 (no process group)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+
+def under_torchrun() -> bool:
+    """True when this process is a worker started by torchrun or torch's elastic launcher."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ
+
+
+def pick_device(device: str, local_rank: int) -> torch.device:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        return torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
+    return torch.device(device)
+
+
+def init(device: str = "auto", backend: str = "auto", timeout_s: float = 300,
+         threads: int = 0) -> DistEnv:
+    """Read rank/world from the environment (torchrun sets it) and create the process group."""
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    dev = pick_device(device, local_rank)
+    # Ranks on one CPU machine share its cores: give each an equal share, not all of them.
+    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // local_world))
+    if world == 1:
+        return DistEnv(0, 1, 0, dev, None)
+    if backend == "auto":
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    dist.init_process_group(
+        backend=backend,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=dev if backend == "nccl" else None,
+    )
+    return DistEnv(rank, world, local_rank, dev, backend)
+
+
+def teardown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over ranks in place (no-op for one process) and return it."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:
+    """Copy rank `src`'s buffers to every rank, as DDP's buffer sync does at each forward."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        for b in module.buffers():
+            dist.broadcast(b, src)
+
+
+def broadcast_object(obj, src: int = 0):
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src)
+    return box[0]
+
+
+def is_local_main() -> bool:
+    return int(os.environ.get("LOCAL_RANK", 0)) == 0
+
+
+def print0(*args, **kwargs) -> None:
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(*args, **kwargs, flush=True)
+
+
+# ----------------------------------------------------------------------------------------
+# Local launch: one Hydra job starting its own N ranks (the machinery behind torchrun)
+
+
+def launch_local(fn: Callable, nproc: int, *args) -> list:
+    """Run `fn(*args)` on `nproc` local ranks through torch's elastic launcher; return results."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"bnlab-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.5,
+        start_method="spawn",
+    )
+    results = elastic_launch(config, fn)(*args)
+    return [results[r] for r in sorted(results)]

@@ -1,0 +1,86 @@
+"""From a composed Hydra config to finished ranks: check, then train in 1 or N processes.
+
+- `python train.py ...`: one process, or `dist.nproc_per_node=N` local ranks started here
+  through torch's elastic launcher (so every job of a Hydra multirun can be N-rank DDP).
+- `torchrun --nproc_per_node=N train.py ...`: each rank arrives here and trains directly.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from bnlab import dist, trainer
+from bnlab.config import check_data, check_run_dir, validate
+from bnlab.errors import BnlabError
+from bnlab.norms import bn_value_counts
+
+EXIT_BAD_INPUT = 2
+
+
+def fail(msg: str, run_dir: Path | None = None, root: Path | None = None) -> None:
+    """Print one sentence (rank 0), drop the empty run directory Hydra made, exit 2."""
+    dist.print0(f"bnlab: error: {msg}", file=sys.stderr)
+    if run_dir is not None and dist.is_local_main():
+        stop = root.resolve() if root is not None else run_dir.parent.resolve()
+        d = run_dir.resolve()
+        while d != stop and stop in d.parents and d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
+            d = d.parent
+    raise SystemExit(EXIT_BAD_INPUT)
+
+
+def preflight(cfg: dict, run_dir: Path) -> None:
+    """Everything that can be checked before a process group or file exists."""
+    validate(cfg)
+    check_run_dir(run_dir)
+    check_data(cfg)
+    model = trainer.build_net(cfg)  # also checks GroupNorm groups against every layer
+    counts = bn_value_counts(model, cfg["batch_per_gpu"])
+    worst = min(counts, key=counts.get, default=None)
+    if worst is not None and counts[worst] <= 1:
+        raise BnlabError(
+            f"batch_per_gpu={cfg['batch_per_gpu']} leaves BN layer '{worst}' with "
+            f"{counts[worst]} value per channel per rank, which BN cannot normalize; use "
+            "norm=gn, or a larger batch_per_gpu."
+        )
+
+
+def worker(cfg: dict, run_dir: str, meta: dict) -> dict:
+    """One rank: join the group, train, leave. Bad input found here is returned, not raised."""
+    d = cfg["dist"]
+    env = dist.init(d["device"], d["backend"], d["timeout_s"], d["threads"])
+    try:
+        return {"ok": True, **trainer.run(cfg, Path(run_dir), env, meta)}
+    except BnlabError as e:  # raised identically on every rank, before any collective
+        return {"ok": False, "error": str(e)}
+    finally:
+        dist.teardown()
+
+
+def main(cfg: DictConfig) -> dict:
+    c = OmegaConf.to_container(cfg, resolve=True)
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    try:
+        if dist.under_torchrun() and hc.mode == RunMode.MULTIRUN:
+            raise BnlabError("a Hydra multirun (-m) cannot run under torchrun; launch it with "
+                             "python and set dist.nproc_per_node=N to give each job N ranks.")
+        preflight(c, run_dir)
+    except BnlabError as e:
+        fail(str(e), run_dir, Path(c["output_dir"]))
+    nproc = c["dist"]["nproc_per_node"]
+    launcher = "torchrun" if dist.under_torchrun() else "local" if nproc > 1 else "single"
+    meta = {"launcher": launcher, "overrides": list(hc.overrides.task)}
+    if launcher == "local":
+        result = dist.launch_local(worker, nproc, c, str(run_dir), meta)[0]
+    else:
+        result = worker(c, str(run_dir), meta)
+    if not result["ok"]:
+        fail(result["error"], run_dir, Path(c["output_dir"]))
+    dist.print0(f"run directory: {run_dir}")
+    return result

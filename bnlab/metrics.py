@@ -1,0 +1,110 @@
+"""Device-side meters and the one metrics path: JSONL + console + wandb, written by rank 0.
+
+Meters add up on the device every step and are reduced across ranks only at log time, so a
+logged loss is the mean over every step and every rank, not a sparse sample.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import netrc
+import os
+from pathlib import Path
+
+import torch
+
+from bnlab import dist
+
+
+class Meter:
+    """Sums of loss and correct predictions over samples, kept on the device (no host sync)."""
+
+    def __init__(self, device: torch.device):
+        self.t = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+
+    def add(self, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
+        n = y.numel()
+        self.t[0] += loss.detach().double() * n
+        self.t[1] += (logits.detach().argmax(1) == y).sum()
+        self.t[2] += n
+
+    def reduce(self, prefix: str) -> dict[str, float]:
+        """Mean loss and accuracy (%) over every sample on every rank since the last reset."""
+        t = dist.all_reduce_sum(self.t.clone())
+        loss, correct, n = t.tolist()  # host sync: log time only
+        self.t.zero_()
+        if n == 0:
+            return {}
+        return {f"{prefix}/loss": loss / n, f"{prefix}/acc": 100.0 * correct / n}
+
+
+def wandb_mode(requested: str) -> str:
+    """`auto` means online only when an API key is configured; otherwise offline."""
+    if requested != "auto":
+        return requested
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        rc = netrc.netrc()
+        if rc.authenticators("api.wandb.ai"):
+            return "online"
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        pass
+    return "offline"
+
+
+class MetricsLogger:
+    """Writes flat dicts with namespaced keys; a no-op on ranks other than 0."""
+
+    def __init__(self, run_dir: Path, enabled: bool, cfg: dict | None = None,
+                 console: bool = True, wandb_cfg: dict | None = None):
+        self.enabled = enabled
+        self.console = console
+        self.run = None
+        if not enabled:
+            return
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.file = open(self.path, "a", buffering=1)  # noqa: SIM115 (closed in close())
+        if wandb_cfg and wandb_cfg.get("enabled"):
+            import wandb
+
+            mode = wandb_mode(wandb_cfg.get("mode", "auto"))
+            self.run = wandb.init(
+                project=wandb_cfg.get("project", "bnlab"), group=wandb_cfg.get("group"),
+                name=Path(run_dir).name, dir=str(run_dir), config=cfg, mode=mode,
+                settings=wandb.Settings(init_timeout=60, silent=True),
+            )
+
+    def log(self, record: dict, echo: bool = True) -> None:
+        if not self.enabled:
+            return
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                 for k, v in record.items()}
+        self.file.write(json.dumps(clean) + "\n")
+        if self.run is not None:
+            self.run.log(record, step=record.get("step"))
+        if self.console and echo:
+            print(" ".join(_fmt(k, v) for k, v in record.items()), flush=True)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self.file.close()
+        if self.run is not None:
+            self.run.finish()
+
+
+def _fmt(k: str, v) -> str:
+    return f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Every complete line of a metrics file (a truncated last line is skipped)."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows

@@ -1,0 +1,61 @@
+"""What a run directory records beside its metrics: config, commit, versions, status."""
+
+from __future__ import annotations
+
+import json
+import platform
+import socket
+import subprocess
+import time
+from importlib import metadata
+from pathlib import Path
+
+import yaml
+
+PACKAGES = ("torch", "torchvision", "hydra-core", "omegaconf", "numpy", "wandb")
+STATUSES = ("running", "completed", "failed", "diverged", "preempted")
+
+
+def git_commit() -> str | None:
+    try:
+        root = Path(__file__).resolve().parent.parent
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                             text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, capture_output=True, text=True, timeout=5)
+        if out.returncode != 0:
+            return None
+        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for p in PACKAGES:
+        try:
+            out[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            out[p] = None
+    return out
+
+
+def write_run_info(run_dir: Path, cfg: dict, extra: dict) -> None:
+    run_dir = Path(run_dir)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    info = {"commit": git_commit(), "versions": versions(), "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
+    (run_dir / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
+def set_status(run_dir: Path, status: str, **detail) -> None:
+    assert status in STATUSES, status
+    (Path(run_dir) / "status.json").write_text(json.dumps({"status": status, **detail}) + "\n")
+
+
+def read_status(run_dir: Path) -> str | None:
+    p = Path(run_dir) / "status.json"
+    try:
+        return json.loads(p.read_text())["status"]
+    except (OSError, ValueError, KeyError):
+        return None

@@ -1,0 +1,184 @@
+"""The training loop: build, train with grad accumulation, evaluate, log, checkpoint.
+
+Reads top to bottom. It receives a resolved, validated config (a plain dict) and a DistEnv;
+it never parses strings or asks how it was launched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import yaml
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from bnlab import checkpoint, dist
+from bnlab.data import Dataset, TrainLoader, build_dataset, val_batches
+from bnlab.errors import BnlabError
+from bnlab.metrics import Meter, MetricsLogger
+from bnlab.models import build_model
+from bnlab.norms import convert_norm
+from bnlab.optim import build_optimizer
+from bnlab.rundir import set_status, write_run_info
+
+
+def build_net(cfg: dict) -> nn.Module:
+    """Model with its normalization converted (before any DDP wrapping)."""
+    torch.manual_seed(cfg["seed"])  # same initial weights on every rank and every layout
+    model = build_model(cfg["model"]["name"])
+    norm = {k: v for k, v in cfg["norm"].items() if k != "kind"}
+    return convert_norm(model, cfg["norm"]["kind"], **norm)
+
+
+def eval_points(steps_per_epoch: int, per_epoch: int) -> set[int]:
+    """1-based step counts within an epoch after which to evaluate, evenly spaced."""
+    if per_epoch > steps_per_epoch:
+        raise BnlabError(
+            f"eval_every={per_epoch} is more than the {steps_per_epoch} optimizer steps per "
+            f"epoch; lower eval_every or batch_per_gpu."
+        )
+    return {round((i + 1) * steps_per_epoch / per_epoch) for i in range(per_epoch)}
+
+
+def train_step(model: nn.Module, micro: list, opt: torch.optim.Optimizer, meter: Meter,
+               sync_grads: bool) -> torch.Tensor:
+    """One optimizer step over k micro-batches; DDP all-reduces only on the last one.
+
+    Each micro-batch loss is divided by k and DDP averages over ranks, so the gradient is
+    the mean over all k * world * batch_per_gpu samples.
+    """
+    k = len(micro)
+    opt.zero_grad(set_to_none=True)
+    for i, (x, y) in enumerate(micro):
+        skip = sync_grads and i < k - 1
+        with model.no_sync() if skip else contextlib.nullcontext():
+            logits = model(x)
+            loss = F.cross_entropy(logits, y)
+            (loss / k).backward()
+        meter.add(loss, logits, y)
+    opt.step()
+    return loss.detach()
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: Dataset, val, env: dist.DistEnv, batch: int) -> dict:
+    """Eval-mode loss and accuracy over the whole validation set, sharded across ranks."""
+    was_training = model.training
+    model.eval()
+    meter = Meter(env.device)
+    for x, y in val_batches(data, val, env.device, batch, env.world, env.rank):
+        logits = model(x)
+        meter.add(F.cross_entropy(logits, y), logits, y)
+    model.train(was_training)
+    return meter.reduce("val")
+
+
+class Clock:
+    """Training wall time with evaluation excluded; synchronises the device when read."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.total, self.t0 = device, 0.0, None
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def start(self):
+        self._sync()
+        self.t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        self._sync()
+        self.total += time.perf_counter() - self.t0
+        return self.total
+
+
+def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None) -> dict:
+    """Train one run; rank 0 writes everything under `run_dir`. Returns the final metrics."""
+    run_dir = Path(run_dir)
+    data = build_dataset(cfg["data"])
+    model = build_net(cfg).to(env.device)
+    # Every rank starts from identical weights (same seed); DDP also broadcasts rank 0's.
+    net = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
+              forward_sync_buffers=cfg["dist"]["broadcast_buffers"]) if env.distributed else model
+    loader = TrainLoader(data, env.device, cfg["batch_per_gpu"], env.world, env.rank,
+                         cfg["grad_accum"], cfg["seed"], cfg["data"]["augment"])
+    spe = loader.steps_per_epoch
+    if spe == 0:
+        raise BnlabError(
+            f"the training set ({len(data.train)} images) is smaller than one optimizer step "
+            f"({loader.global_micro * cfg['grad_accum']} images); "
+            "lower batch_per_gpu or grad_accum."
+        )
+    evals = eval_points(spe, cfg["eval_every"])
+    opt, sched = build_optimizer(cfg["optim"], model, spe, cfg["epochs"])
+    val = data.val.to(env.device)
+
+    if env.is_main:
+        write_run_info(run_dir, cfg, {"world": env.world, "device": str(env.device),
+                                      "backend": env.backend, "steps_per_epoch": spe,
+                                      **(meta or {})})
+        set_status(run_dir, "running")
+    logger = MetricsLogger(run_dir, env.is_main, cfg, console=False,
+                           wandb_cfg=cfg["logger"]["wandb"])
+    step_meter, epoch_meter = Meter(env.device), Meter(env.device)
+    clock = Clock(env.device)
+    images_per_step = loader.global_micro * cfg["grad_accum"]
+    step, last = 0, {}
+    clock.start()
+    t_logged, step_logged = 0.0, 0
+
+    for epoch in range(cfg["epochs"]):
+        net.train()
+        bar = tqdm(total=spe, desc=f"epoch {epoch + 1}/{cfg['epochs']}", leave=False,
+                   disable=not (env.is_main and cfg["progress"]), dynamic_ncols=True)
+        for i, micro in enumerate(loader.epoch(epoch), start=1):
+            loss = train_step(net, micro, opt, step_meter, env.distributed)
+            sched.step()
+            step += 1
+            bar.update(1)
+            if step % cfg["log_every"] == 0 or i == spe:
+                elapsed = clock.stop()
+                epoch_meter.t += step_meter.t  # every step of the epoch passes through here
+                rec = {"step": step, "epoch": epoch + i / spe, "lr": opt.param_groups[0]["lr"],
+                       **step_meter.reduce("train"),
+                       "train/loss_rank0": float(loss),  # the sparse sample a naive logger shows
+                       "images_per_s": (step - step_logged) * images_per_step
+                       / max(elapsed - t_logged, 1e-9)}
+                t_logged, step_logged = elapsed, step
+                logger.log(rec, echo=False)
+                bar.set_postfix(loss=f"{rec['train/loss']:.3f}")
+                clock.start()
+            if i in evals:
+                clock.stop()
+                if env.distributed and cfg["dist"]["broadcast_buffers"]:
+                    dist.broadcast_buffers(model)  # evaluate rank 0's statistics, as saved
+                last = {"step": step, "epoch": epoch + i / spe,
+                        **evaluate(model, data, val, env, cfg["data"]["eval_batch"])}
+                logger.log(last, echo=False)
+                clock.start()
+        bar.close()
+        ep = {"step": step, "epoch": epoch + 1, **epoch_meter.reduce("train_epoch"),
+              "time/train_s": clock.stop()}
+        clock.start()
+        logger.log(ep, echo=False)
+        last = {**last, **ep}
+        if env.is_main:
+            dist.print0(f"epoch {epoch + 1}/{cfg['epochs']}  "
+                        f"train/loss {ep['train_epoch/loss']:.4f}  "
+                        f"val/acc {last.get('val/acc', float('nan')):.2f}")
+            if cfg["checkpoint"]:
+                checkpoint.save(run_dir / checkpoint.CHECKPOINT, {
+                    "model": model.state_dict(), "optimizer": opt.state_dict(),
+                    "scheduler": sched.state_dict(), "epoch": epoch + 1, "step": step,
+                    "config": yaml.safe_dump(cfg, sort_keys=False),
+                })
+    logger.close()
+    if env.is_main:
+        set_status(run_dir, "completed", step=step)
+    return last

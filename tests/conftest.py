@@ -1,0 +1,38 @@
+"""Shared test helpers: the real CIFAR-10 subset, and running the real entry points."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CIFAR_MINI = Path(os.environ.get("BNLAB_TEST_DATA", ROOT.parent / "shared/data/cifar10-mini"))
+
+needs_cifar = pytest.mark.skipif(
+    not (CIFAR_MINI / "cifar-10-batches-py").is_dir(),
+    reason=f"cifar10-mini not found at {CIFAR_MINI} (set BNLAB_TEST_DATA)",
+)
+
+# A few optimizer steps on real data: small enough for CI, real enough to exercise everything.
+SMOKE = ["model=resnet20", "data=cifar10", f"data.root={CIFAR_MINI}", "data.download=false",
+         "data.train_limit=256", "data.val_limit=128", "epochs=1", "batch_per_gpu=8",
+         "eval_every=2", "log_every=2", "progress=false"]
+
+
+def run_entry(script: str, *args: str, cwd: Path, launcher: list[str] | None = None,
+              env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run train.py / evaluate.py as a user would, from `cwd`, and capture the output."""
+    cmd = (launcher or [sys.executable]) + [str(ROOT / script), *args]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env.pop("BNLAB_RUN_STAMP", None)
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=full_env)
+
+
+def run_dirs(root: Path) -> list[Path]:
+    """Every directory under `root` that holds a run's files."""
+    return sorted(p.parent for p in root.rglob("config.yaml"))
