@@ -116,7 +116,11 @@ def print0(*args, **kwargs) -> None:
 
 
 def launch_local(fn: Callable, nproc: int, *args) -> list:
-    """Run `fn(*args)` on `nproc` local ranks through torch's elastic launcher; return results."""
+    """Run `fn(*args)` on `nproc` local ranks through torch's elastic launcher; return results.
+
+    Return values travel by pickling: keep them plain Python or numpy, never torch tensors
+    (tensors go through shared memory that the finished worker must keep alive).
+    """
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     config = LaunchConfig(

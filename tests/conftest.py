@@ -28,7 +28,8 @@ def run_entry(script: str, *args: str, cwd: Path, launcher: list[str] | None = N
     """Run train.py / evaluate.py as a user would, from `cwd`, and capture the output."""
     cmd = (launcher or [sys.executable]) + [str(ROOT / script), *args]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    full_env.pop("BNLAB_RUN_STAMP", None)
+    for k in ["BNLAB_RUN_STAMP"] + [k for k, v in (env or {}).items() if v is None]:
+        full_env.pop(k, None)
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env=full_env)
 

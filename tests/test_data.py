@@ -1,0 +1,113 @@
+"""Data: the official CIFAR-10 format, the synthetic set, and a layout-independent order."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from bnlab import data as D
+from bnlab.errors import BnlabError
+from conftest import CIFAR_MINI, needs_cifar
+
+
+@needs_cifar
+def test_reads_cifar10_mini_in_official_format():
+    train, val = D.load_cifar10(str(CIFAR_MINI), download=False)
+    assert train.x.shape == (5085, 3, 32, 32) and train.x.dtype == torch.uint8
+    assert val.x.shape == (1017, 3, 32, 32)
+    assert val.y[:10].tolist() == [3, 8, 8, 0, 6, 6, 1, 6, 3, 1]  # as in the full test batch
+    means = train.x.float().div(255).mean(dim=(0, 2, 3))
+    assert torch.allclose(means, torch.tensor([0.4936, 0.4846, 0.4483]), atol=1e-4)
+
+
+def test_missing_dataset_offline_says_where_to_put_it(tmp_path, monkeypatch):
+    import torchvision.datasets
+
+    def offline(*a, **k):
+        raise OSError("network unreachable")
+
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", offline)
+    with pytest.raises(BnlabError, match="CIFAR-10 not found.*extract it into"):
+        D.load_cifar10(str(tmp_path / "nowhere"), download=True)
+    with pytest.raises(BnlabError, match=r"data.download=false"):
+        D.load_cifar10(str(tmp_path / "nowhere"), download=False)
+
+
+@needs_cifar
+def test_truncated_batch_file_is_a_clear_error(tmp_path):
+    shutil.copytree(CIFAR_MINI / D.CIFAR_DIR, tmp_path / D.CIFAR_DIR)
+    f = tmp_path / D.CIFAR_DIR / "data_batch_3"
+    f.write_bytes(f.read_bytes()[:5000])
+    with pytest.raises(BnlabError, match="data_batch_3 is corrupt or truncated"):
+        D.load_cifar10(str(tmp_path), download=False)
+
+
+def test_synthetic_is_deterministic_and_balanced():
+    a, _ = D.make_synthetic(num_train=500, num_val=10)
+    b, _ = D.make_synthetic(num_train=500, num_val=10)
+    assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+    assert a.x.dtype == torch.uint8 and a.x.shape == (500, 3, 32, 32)
+    assert set(a.y.tolist()) == set(range(10))
+    c, _ = D.make_synthetic(num_train=500, num_val=10, seed=1)
+    assert not torch.equal(a.x, c.x)
+
+
+def test_augment_matches_a_per_sample_reference():
+    x = torch.randint(0, 256, (5, 3, 32, 32), dtype=torch.uint8)
+    off = torch.randint(0, 9, (5, 2))
+    flip = torch.tensor([True, False, True, False, True])
+    out = D.augment(x, off, flip)
+    for i in range(5):
+        ref = torch.nn.functional.pad(x[i], (4, 4, 4, 4))
+        ref = ref[:, off[i, 0]:off[i, 0] + 32, off[i, 1]:off[i, 1] + 32]
+        if flip[i]:
+            ref = ref.flip(-1)
+        assert torch.equal(out[i], ref)
+
+
+def _dataset(n=200):
+    train, val = D.make_synthetic(num_train=n, num_val=8)
+    return D.Dataset(train, val, (0.5,) * 3, (0.25,) * 3)
+
+
+def _global_stream(world: int, b: int, k: int, epochs=(0, 1)):
+    """Every micro-batch of every step, ranks concatenated in rank order."""
+    data = _dataset()
+    loaders = [D.TrainLoader(data, torch.device("cpu"), b, world, r, k, seed=3, augment=True)
+               for r in range(world)]
+    out = []
+    for e in epochs:
+        for steps in zip(*(ld.epoch(e) for ld in loaders), strict=True):
+            for m in range(k):
+                out.append((torch.cat([s[m][0] for s in steps]),
+                            torch.cat([s[m][1] for s in steps])))
+    return out
+
+
+def test_order_and_augmentation_do_not_depend_on_world_size():
+    """1x8, 2x4 and 4x2 see the same augmented images in the same steps."""
+    ref = _global_stream(1, 8, 1)
+    for world, b in [(2, 4), (4, 2), (8, 1)]:
+        got = _global_stream(world, b, 1)
+        assert len(got) == len(ref)
+        for (xa, ya), (xb, yb) in zip(ref, got, strict=True):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_grad_accum_keeps_the_micro_batch_sequence():
+    """4 ranks x 2 with grad_accum 4 reads the same micro-batches as 1 x 8, four per step."""
+    ref = _global_stream(1, 8, 1)
+    got = _global_stream(4, 2, 4)
+    n = len(got)
+    assert n == (200 // 32) * 4 * 2  # whole optimizer steps only, two epochs
+    for (xa, ya), (xb, yb) in zip(ref[: n // 2], got[: n // 2], strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_epochs_differ_and_seeds_differ():
+    p0, p1 = D.EpochPlan.make(100, 0, 0), D.EpochPlan.make(100, 0, 1)
+    assert not torch.equal(p0.perm, p1.perm)
+    assert not torch.equal(p0.perm, D.EpochPlan.make(100, 1, 0).perm)
+    assert torch.equal(p0.perm, D.EpochPlan.make(100, 0, 0).perm)

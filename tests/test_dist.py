@@ -1,0 +1,88 @@
+"""Multi-process checks on gloo: metric reduction and gradient accumulation under DDP."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from bnlab import dist
+from bnlab.metrics import Meter
+from bnlab.models import build_model
+from bnlab.norms import convert_norm
+from bnlab.trainer import train_step
+
+
+def _fake_step(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A deterministic (loss, logits, labels) triple; batch size varies by rank and step."""
+    g = torch.Generator().manual_seed(100 * rank + step)
+    n = 2 + (rank + step) % 3
+    return torch.rand((), generator=g) * 3, torch.randn(n, 10, generator=g), \
+        torch.randint(0, 10, (n,), generator=g)
+
+
+def _meter_worker(steps: int) -> dict:
+    env = dist.init("cpu", "gloo")
+    m = Meter(env.device)
+    for s in range(steps):
+        m.add(*_fake_step(env.rank, s))
+    out = m.reduce("train")
+    dist.teardown()
+    return out
+
+
+def test_logged_loss_is_the_mean_over_every_step_and_rank():
+    world, steps = 2, 7
+    results = dist.launch_local(_meter_worker, world, steps)
+    loss_sum = correct = count = 0.0
+    for r in range(world):
+        for s in range(steps):
+            loss, logits, y = _fake_step(r, s)
+            loss_sum += float(loss) * len(y)
+            correct += float((logits.argmax(1) == y).sum())
+            count += len(y)
+    for res in results:  # every rank gets the same reduced value
+        assert abs(res["train/loss"] - loss_sum / count) < 1e-9
+        assert abs(res["train/acc"] - 100 * correct / count) < 1e-9
+
+
+def _batch(n: int = 16):
+    g = torch.Generator().manual_seed(7)
+    return torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def _model(norm: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    opts = {"groups": 8, "cap_groups": True} if norm == "gn" else {}
+    model = convert_norm(build_model("resnet20"), norm, **opts)
+    if norm == "bn":  # warm the running statistics, then use them (eval mode): batch-independent
+        with torch.no_grad():
+            model(_batch(64)[0] * 0.5 + 0.1)
+        model.eval()
+    return model
+
+
+def _accum_worker(norm: str, b: int, k: int) -> dict:
+    env = dist.init("cpu", "gloo")
+    model = _model(norm)
+    net = DDP(model)
+    x, y = _batch()
+    w = env.world * b
+    micro = [(x[m * w + env.rank * b: m * w + (env.rank + 1) * b],
+              y[m * w + env.rank * b: m * w + (env.rank + 1) * b]) for m in range(k)]
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    train_step(net, micro, opt, Meter(env.device), sync_grads=True)
+    grads = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
+    dist.teardown()
+    return grads
+
+
+def test_grad_accum_equals_one_big_batch():
+    """2 ranks x 4 images x grad_accum 2 gives the gradient of one batch of 16."""
+    for norm in ("gn", "bn"):
+        ref_model = _model(norm)
+        x, y = _batch()
+        F.cross_entropy(ref_model(x), y).backward()
+        for grads in dist.launch_local(_accum_worker, 2, norm, 4, 2):
+            for n, p in ref_model.named_parameters():
+                torch.testing.assert_close(torch.from_numpy(grads[n]), p.grad, rtol=1e-5, atol=1e-6, msg=n)

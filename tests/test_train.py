@@ -1,0 +1,136 @@
+"""The real entry points, end to end: single process, torchrun, multirun of 2-rank jobs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+
+from bnlab.metrics import read_jsonl
+from conftest import SMOKE, needs_cifar, run_dirs, run_entry
+
+pytestmark = needs_cifar
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+
+
+def _train(tmp_path, *extra, launcher=None, sub="out", flags=()):
+    r = run_entry("train.py", *flags, *SMOKE, f"output_dir={tmp_path / sub}", *extra, cwd=tmp_path,
+                  launcher=launcher)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    return r
+
+
+def _deterministic(rows):
+    return [{k: v for k, v in row.items() if k not in ("images_per_s", "time/train_s")}
+            for row in rows]
+
+
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("single")
+    _train(tmp)
+    (d,) = run_dirs(tmp)
+    return d
+
+
+def test_single_process_run_writes_a_complete_run_directory(single_run):
+    d = single_run
+    for f in ("config.yaml", "run.json", "metrics.jsonl", "status.json", "checkpoint.pt"):
+        assert (d / f).is_file(), f
+    info = json.loads((d / "run.json").read_text())
+    assert info["world"] == 1 and info["launcher"] == "single"
+    assert info["versions"]["torch"].startswith("2.13.0") and "commit" in info
+    assert json.loads((d / "status.json").read_text())["status"] == "completed"
+    rows = read_jsonl(d / "metrics.jsonl")
+    keys = set().union(*rows)
+    for k in ("train/loss", "train/acc", "val/loss", "val/acc", "lr", "images_per_s", "epoch",
+              "step", "train_epoch/loss"):
+        assert k in keys, k
+    assert sum("val/acc" in r for r in rows) == 2  # eval_every=2, one epoch
+    state = torch.load(d / "checkpoint.pt", weights_only=True)
+    assert state["epoch"] == 1 and state["step"] == 32
+    assert yaml.safe_load(state["config"])["batch_per_gpu"] == 8
+
+
+def test_epoch_loss_is_the_mean_of_every_logged_step(single_run):
+    rows = read_jsonl(single_run / "metrics.jsonl")
+    steps = [r["train/loss"] for r in rows if "train/loss" in r]
+    (epoch,) = [r["train_epoch/loss"] for r in rows if "train_epoch/loss" in r]
+    assert len(steps) == 16  # 32 steps logged every 2: every step is in exactly one line
+    assert abs(epoch - sum(steps) / len(steps)) < 1e-9
+
+
+def test_same_config_and_seed_give_the_same_numbers(single_run, tmp_path):
+    _train(tmp_path)
+    (d,) = run_dirs(tmp_path)
+    a = _deterministic(read_jsonl(single_run / "metrics.jsonl"))
+    b = _deterministic(read_jsonl(d / "metrics.jsonl"))
+    assert a == b
+
+
+def test_evaluate_reproduces_the_last_validation(single_run, tmp_path):
+    r = run_entry("evaluate.py", f"run={single_run}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads((single_run / "eval.json").read_text())
+    last = [row for row in read_jsonl(single_run / "metrics.jsonl") if "val/acc" in row][-1]
+    assert out["val/acc"] == pytest.approx(last["val/acc"], abs=1e-9)
+
+
+def test_refuses_to_write_into_a_finished_run(single_run, tmp_path):
+    before = (single_run / "metrics.jsonl").read_bytes()
+    r = run_entry("train.py", *SMOKE, f"hydra.run.dir={single_run}", cwd=tmp_path)
+    assert r.returncode == 2 and "already holds a completed run" in r.stderr
+    assert (single_run / "metrics.jsonl").read_bytes() == before
+
+
+def test_torchrun_two_ranks_make_exactly_one_run_directory(tmp_path):
+    _train(tmp_path, launcher=TORCHRUN + ["--nproc_per_node=2"])
+    dirs = [p for p in (tmp_path / "out").rglob("*") if p.is_dir()]
+    assert len(dirs) == 2, dirs  # out/train and out/train/<stamp>: one run directory
+    (d,) = run_dirs(tmp_path)
+    info = json.loads((d / "run.json").read_text())
+    assert info["world"] == 2 and info["launcher"] == "torchrun" and info["backend"] == "gloo"
+    assert sorted(p.name for p in d.iterdir()) == [
+        "checkpoint.pt", "config.yaml", "metrics.jsonl", "run.json", "status.json"]
+
+
+def test_multirun_of_two_jobs_each_with_two_ranks(tmp_path):
+    _train(tmp_path, "seed=1,2", "dist.nproc_per_node=2", flags=["-m"])
+    dirs = run_dirs(tmp_path)
+    assert len(dirs) == 2
+    seeds = set()
+    for d in dirs:
+        info = json.loads((d / "run.json").read_text())
+        assert info["world"] == 2 and info["launcher"] == "local"
+        assert json.loads((d / "status.json").read_text())["status"] == "completed"
+        seeds.add(yaml.safe_load((d / "config.yaml").read_text())["seed"])
+    assert seeds == {1, 2}
+
+
+def test_ranks_started_seconds_apart_share_one_stamp(tmp_path):
+    """The fix for per-rank run directories: the stamp is the launcher's, not the rank's."""
+    code = "from bnlab.hydra_setup import run_stamp; print(run_stamp())"
+    env = {"TORCHELASTIC_RUN_ID": "x", "PATH": "/usr/bin:/bin"}
+    procs = []
+    for _ in range(2):
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
+                                      stdout=subprocess.PIPE))
+        time.sleep(1.2)
+    stamps = {p.communicate()[0].strip() for p in procs}
+    assert len(stamps) == 1 and all(stamps)
+
+
+def test_wandb_logger_goes_offline_without_an_api_key(tmp_path):
+    r = run_entry("train.py", *SMOKE, f"output_dir={tmp_path}/out", "logger=wandb",
+                  "data.train_limit=64", cwd=tmp_path,
+                  env={"WANDB_API_KEY": None, "HOME": str(tmp_path), "WANDB_MODE": None},
+                  timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (d,) = run_dirs(tmp_path)
+    assert list((d / "wandb").glob("offline-run-*")), "no offline wandb run was written"
