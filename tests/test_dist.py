@@ -85,4 +85,5 @@ def test_grad_accum_equals_one_big_batch():
         F.cross_entropy(ref_model(x), y).backward()
         for grads in dist.launch_local(_accum_worker, 2, norm, 4, 2):
             for n, p in ref_model.named_parameters():
-                torch.testing.assert_close(torch.from_numpy(grads[n]), p.grad, rtol=1e-5, atol=1e-6, msg=n)
+                torch.testing.assert_close(torch.from_numpy(grads[n]), p.grad, rtol=1e-5,
+                                           atol=1e-6, msg=n)
