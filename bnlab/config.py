@@ -100,6 +100,10 @@ def validate(cfg: dict) -> None:
     if d["backend"] == "nccl" and not cuda:
         raise BnlabError("dist.backend=nccl needs CUDA; use dist.backend=auto (gloo on CPU).")
     _pos_int(cfg, "dist.nproc_per_node")
+    _pos_int(cfg, "dist.simulate", "a positive integer (ranks simulated in one process; 1 = off)")
+    if d["simulate"] > 1 and d["nproc_per_node"] > 1:
+        raise BnlabError("dist.simulate and dist.nproc_per_node cannot both exceed 1; "
+                         "simulate W ranks in one process, or run real ranks.")
     limit = max_local_ranks(d["device"])
     _need(d["nproc_per_node"] <= limit, "dist.nproc_per_node",
           f"at most {limit} on this machine", d["nproc_per_node"])
@@ -107,6 +111,12 @@ def validate(cfg: dict) -> None:
           d["timeout_s"])
     _pos_int(cfg, "dist.threads", "a non-negative integer (0 = cores / local ranks)", minimum=0)
     _choice(cfg, "logger.wandb.mode", WANDB_MODES)
+
+
+def world_size(cfg: dict) -> int:
+    """Ranks of the run: real (torchrun or nproc_per_node) or simulated."""
+    d = cfg["dist"]
+    return int(os.environ.get("WORLD_SIZE", d["nproc_per_node"])) * d["simulate"]
 
 
 def check_run_dir(run_dir: Path) -> None:

@@ -24,7 +24,7 @@ def run(cfg: DictConfig) -> dict:
     env = dist.DistEnv(0, 1, 0, dist.pick_device(cfg.device, 0), None)
     data = build_dataset(train_cfg["data"])
     model = build_net(train_cfg)
-    model.load_state_dict(state["model"])
+    model.load_state_dict(state["model"])  # rank 0's statistics, as DDP keeps them
     model.to(env.device)
     res = evaluate(model, data, data.val.to(env.device), env, cfg.eval_batch)
     out = {"checkpoint_epoch": state["epoch"], "step": state["step"], **res}

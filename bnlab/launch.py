@@ -15,9 +15,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from bnlab import dist, trainer
-from bnlab.config import check_data, check_run_dir, validate
+from bnlab.config import check_data, check_run_dir, validate, world_size
 from bnlab.errors import BnlabError
-from bnlab.norms import bn_value_counts
+from bnlab.norms import RankBatchNorm2d, bn_value_counts
 
 EXIT_BAD_INPUT = 2
 
@@ -40,13 +40,16 @@ def preflight(cfg: dict, run_dir: Path) -> None:
     check_run_dir(run_dir)
     check_data(cfg)
     model = trainer.build_net(cfg)  # also checks GroupNorm groups against every layer
-    counts = bn_value_counts(model, cfg["batch_per_gpu"])
+    world = world_size(cfg)
+    bns = [m for m in model.modules() if isinstance(m, RankBatchNorm2d)]
+    group = bns[0].group_size(world) if bns and bns[0].sync == "exact" else 1
+    counts = bn_value_counts(model, cfg["batch_per_gpu"] * group)
     worst = min(counts, key=counts.get, default=None)
-    if worst is not None and counts[worst] <= 1:
+    if worst is not None and counts[worst] <= 1 and cfg["norm"]["kind"] != "frozen_bn":
         raise BnlabError(
             f"batch_per_gpu={cfg['batch_per_gpu']} leaves BN layer '{worst}' with "
             f"{counts[worst]} value per channel per rank, which BN cannot normalize; use "
-            "norm=gn, or a larger batch_per_gpu."
+            "norm=syncbn with more ranks, norm=gn, or a larger batch_per_gpu."
         )
 
 
@@ -67,6 +70,9 @@ def main(cfg: DictConfig) -> dict:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     try:
+        if dist.under_torchrun() and c["dist"]["simulate"] > 1:
+            raise BnlabError("dist.simulate cannot be combined with torchrun; simulate W ranks "
+                             "in one process (python train.py dist.simulate=W).")
         if dist.under_torchrun() and hc.mode == RunMode.MULTIRUN:
             raise BnlabError("a Hydra multirun (-m) cannot run under torchrun; launch it with "
                              "python and set dist.nproc_per_node=N to give each job N ranks.")

@@ -22,9 +22,10 @@ from bnlab.data import Dataset, TrainLoader, build_dataset, val_batches
 from bnlab.errors import BnlabError
 from bnlab.metrics import Meter, MetricsLogger
 from bnlab.models import build_model
-from bnlab.norms import convert_norm
+from bnlab.norms import convert_norm, set_epoch
 from bnlab.optim import build_optimizer
 from bnlab.rundir import set_status, write_run_info
+from bnlab.simulate import SimulatedDDP
 
 
 def build_net(cfg: dict) -> nn.Module:
@@ -67,15 +68,39 @@ def train_step(model: nn.Module, micro: list, opt: torch.optim.Optimizer, meter:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Dataset, val, env: dist.DistEnv, batch: int) -> dict:
-    """Eval-mode loss and accuracy over the whole validation set, sharded across ranks."""
+    """Eval-mode loss and accuracy over the whole validation set, sharded across ranks.
+
+    Every rank evaluates with rank 0's BN statistics (what a checkpoint keeps); its own
+    buffers are put back afterwards, so evaluating never changes training.
+    """
     was_training = model.training
+    own = [b.clone() for b in model.buffers()] if env.distributed else []
+    dist.broadcast_buffers(model)
     model.eval()
     meter = Meter(env.device)
     for x, y in val_batches(data, val, env.device, batch, env.world, env.rank):
         logits = model(x)
         meter.add(F.cross_entropy(logits, y), logits, y)
     model.train(was_training)
+    for b, saved in zip(model.buffers(), own, strict=False):
+        b.copy_(saved)
     return meter.reduce("val")
+
+
+def wrap(model: nn.Module, cfg: dict, env: dist.DistEnv) -> nn.Module:
+    """DDP for real ranks, SimulatedDDP for `dist.simulate` ranks in this process, or as is."""
+    sync_buffers = cfg["dist"]["broadcast_buffers"]
+    if cfg["dist"]["simulate"] > 1:
+        return SimulatedDDP(model, cfg["dist"]["simulate"], sync_buffers)
+    if env.distributed:
+        ids = [env.device.index] if env.device.type == "cuda" else None
+        return DDP(model, device_ids=ids, forward_sync_buffers=sync_buffers)
+    return model
+
+
+def model_state(model: nn.Module) -> dict:
+    """The bare model's state dict; simulated ranks' extra buffers are kept under sim/."""
+    return {k: v for k, v in model.state_dict().items() if "sim_running_" not in k}
 
 
 class Clock:
@@ -104,9 +129,11 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None) -
     data = build_dataset(cfg["data"])
     model = build_net(cfg).to(env.device)
     # Every rank starts from identical weights (same seed); DDP also broadcasts rank 0's.
-    net = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
-              forward_sync_buffers=cfg["dist"]["broadcast_buffers"]) if env.distributed else model
-    loader = TrainLoader(data, env.device, cfg["batch_per_gpu"], env.world, env.rank,
+    net = wrap(model, cfg, env)
+    sim = cfg["dist"]["simulate"]
+    ranks = env.world * sim
+    # A simulated run reads each global micro-batch whole: the same images in the same order.
+    loader = TrainLoader(data, env.device, cfg["batch_per_gpu"] * sim, env.world, env.rank,
                          cfg["grad_accum"], cfg["seed"], cfg["data"]["augment"])
     spe = loader.steps_per_epoch
     if spe == 0:
@@ -120,7 +147,8 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None) -
     val = data.val.to(env.device)
 
     if env.is_main:
-        write_run_info(run_dir, cfg, {"world": env.world, "device": str(env.device),
+        write_run_info(run_dir, cfg, {"world": ranks, "simulated": sim > 1,
+                                      "processes": env.world, "device": str(env.device),
                                       "backend": env.backend, "steps_per_epoch": spe,
                                       **(meta or {})})
         set_status(run_dir, "running")
@@ -134,11 +162,12 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None) -
     t_logged, step_logged = 0.0, 0
 
     for epoch in range(cfg["epochs"]):
+        set_epoch(model, epoch)
         net.train()
         bar = tqdm(total=spe, desc=f"epoch {epoch + 1}/{cfg['epochs']}", leave=False,
                    disable=not (env.is_main and cfg["progress"]), dynamic_ncols=True)
         for i, micro in enumerate(loader.epoch(epoch), start=1):
-            loss = train_step(net, micro, opt, step_meter, env.distributed)
+            loss = train_step(net, micro, opt, step_meter, ranks > 1)
             sched.step()
             step += 1
             bar.update(1)
@@ -156,8 +185,6 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None) -
                 clock.start()
             if i in evals:
                 clock.stop()
-                if env.distributed and cfg["dist"]["broadcast_buffers"]:
-                    dist.broadcast_buffers(model)  # evaluate rank 0's statistics, as saved
                 last = {"step": step, "epoch": epoch + i / spe,
                         **evaluate(model, data, val, env, cfg["data"]["eval_batch"])}
                 logger.log(last, echo=False)
@@ -174,7 +201,7 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None) -
                         f"val/acc {last.get('val/acc', float('nan')):.2f}")
             if cfg["checkpoint"]:
                 checkpoint.save(run_dir / checkpoint.CHECKPOINT, {
-                    "model": model.state_dict(), "optimizer": opt.state_dict(),
+                    "model": model_state(model), "optimizer": opt.state_dict(),
                     "scheduler": sched.state_dict(), "epoch": epoch + 1, "step": step,
                     "config": yaml.safe_dump(cfg, sort_keys=False),
                 })
