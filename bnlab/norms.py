@@ -25,7 +25,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
 from bnlab.errors import BnlabError
-from bnlab.syncbn import naive_sync_batch_norm, sync_batch_norm, sync_group
+from bnlab.syncbn import acc, naive_sync_batch_norm, sync_batch_norm, sync_group
 
 SYNC_MODES = ("none", "exact", "naive")
 
@@ -106,7 +106,7 @@ class RankBatchNorm2d(nn.BatchNorm2d):
 
     def _naive_simulated(self, x, w, k, rm, rv) -> torch.Tensor:
         c, g = self.num_features, w // k
-        xs = x.float().view(w, x.shape[0] // w, c, -1)  # (rank, sample, channel, pixels)
+        xs = acc(x).view(w, x.shape[0] // w, c, -1)  # (rank, sample, channel, pixels)
         mean_r = xs.mean((1, 3))
         var_r = xs.var((1, 3), unbiased=False)
         n = xs.shape[1] * xs.shape[3]
@@ -118,7 +118,7 @@ class RankBatchNorm2d(nn.BatchNorm2d):
             rv.mul_(1 - m).add_(gv * n / max(n - 1, 1), alpha=m)
         xhat = (xs - gm[:, None, :, None]) * torch.rsqrt(gv + self.eps)[:, None, :, None]
         if self.weight is not None:
-            xhat = xhat * self.weight.float()[:, None] + self.bias.float()[:, None]
+            xhat = xhat * self.weight.to(xs.dtype)[:, None] + self.bias.to(xs.dtype)[:, None]
         return xhat.reshape(x.shape).to(x.dtype)
 
     # -- forward ------------------------------------------------------------------------------

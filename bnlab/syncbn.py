@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dnnf
 
 from bnlab.errors import BnlabError
 
@@ -35,6 +34,11 @@ def sync_group(size: int) -> dist.ProcessGroup | None:
     if key not in _GROUPS:
         _GROUPS[key] = None if size == world else dist.new_subgroups(group_size=size)[0]
     return _GROUPS[key]
+
+
+def acc(x: torch.Tensor) -> torch.Tensor:
+    """The input in the dtype statistics are computed in: fp32 for half types, else as is."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 def _dims(x: torch.Tensor) -> list[int]:
@@ -78,7 +82,7 @@ def update_running(bn, mean: torch.Tensor, var_unbiased: torch.Tensor) -> None:
 class _SyncBatchNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, bn, group):
-        xf = x.float()
+        xf = acc(x)
         n, mean, m2 = local_moments(xf)
         world = dist.get_world_size(group)
         packed = torch.cat([n.view(1), mean, m2]).double()
@@ -91,14 +95,14 @@ class _SyncBatchNorm(torch.autograd.Function):
             raise BnlabError(
                 f"SyncBN got {int(total)} value per channel over all ranks; it needs more than 1."
             )
-        gmean, var = gmean.float(), (gm2 / total).float()
+        gmean, var = gmean.to(xf.dtype), (gm2 / total).to(xf.dtype)
         with torch.no_grad():
-            update_running(bn, gmean, (gm2 / (total - 1)).float())
+            update_running(bn, gmean, (gm2 / (total - 1)).to(xf.dtype))
         invstd = torch.rsqrt(var + bn.eps)
         xhat = (xf - gmean.view(_shape(x))) * invstd.view(_shape(x))
         y = xhat
         if weight is not None:
-            y = xhat * weight.float().view(_shape(x)) + bias.float().view(_shape(x))
+            y = xhat * weight.to(xf.dtype).view(_shape(x)) + bias.to(xf.dtype).view(_shape(x))
         ctx.save_for_backward(xhat, weight, invstd)
         ctx.total, ctx.group = float(total), group
         return y.to(x.dtype)
@@ -106,7 +110,7 @@ class _SyncBatchNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         xhat, weight, invstd = ctx.saved_tensors
-        dyf = dy.float()
+        dyf = dy.to(xhat.dtype)
         dims, shape = _dims(dyf), _shape(dyf)
         sum_dy = dyf.sum(dims)
         sum_dy_xhat = (dyf * xhat).sum(dims)
@@ -115,7 +119,7 @@ class _SyncBatchNorm(torch.autograd.Function):
             red = torch.cat([sum_dy, sum_dy_xhat])
             dist.all_reduce(red, group=ctx.group)  # the one collective of the backward pass
             c = sum_dy.numel()
-            scale = invstd if weight is None else invstd * weight.float()
+            scale = invstd if weight is None else invstd * weight.to(xhat.dtype)
             dx = scale.view(shape) * (dyf - red[:c].view(shape) / ctx.total
                                       - xhat * red[c:].view(shape) / ctx.total)
             dx = dx.to(dy.dtype)
@@ -134,18 +138,35 @@ def _affine(xhat: torch.Tensor, bn) -> torch.Tensor:
     if bn.weight is None:
         return xhat
     s = _shape(xhat)
-    return xhat * bn.weight.float().view(s) + bn.bias.float().view(s)
+    return xhat * bn.weight.to(xhat.dtype).view(s) + bn.bias.to(xhat.dtype).view(s)
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """Sum over ranks whose gradient is again the sum over ranks (one collective each way)."""
+
+    @staticmethod
+    def forward(ctx, t, group):
+        t = t.clone()
+        dist.all_reduce(t, group=group)
+        ctx.group = group
+        return t
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.clone()
+        dist.all_reduce(g, group=ctx.group)
+        return g, None
 
 
 def naive_sync_batch_norm(x, bn, group):
     """The flawed sync: average of per-rank means and biased variances (differentiable)."""
-    xf = x.float()
+    xf = acc(x)
     dims, s = _dims(xf), _shape(xf)
     mean = xf.mean(dims)
     var = xf.var(dims, unbiased=False)
     n = xf.numel() // xf.shape[1]
     world = dist.get_world_size(group)
-    stats = dnnf.all_reduce(torch.cat([mean, var]), group=group or dist.group.WORLD) / world
+    stats = _AllReduceSum.apply(torch.cat([mean, var]), group) / world
     c = xf.shape[1]
     gmean, gvar = stats[:c], stats[c:]
     with torch.no_grad():  # running var: the average of the ranks' unbiased variances

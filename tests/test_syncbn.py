@@ -1,0 +1,133 @@
+"""Exact SyncBN against torch's BatchNorm on the concatenated batch (the oracle), on gloo."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from bnlab import dist
+from bnlab.norms import RankBatchNorm2d
+
+C = 5
+
+
+def _global_batch(sizes, seed=0):
+    """Input and upstream gradient for all ranks; rank r's samples get an offset of r."""
+    g = torch.Generator().manual_seed(seed)
+    n = sum(sizes)
+    x = torch.randn(n, C, 3, 3, generator=g) * 2
+    owner = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    x += owner.view(-1, 1, 1, 1).float() * 1.5  # per-rank means differ, as with skewed data
+    return x, torch.randn(n, C, 3, 3, generator=g)
+
+
+def _affine(bn: nn.Module) -> None:
+    with torch.no_grad():
+        bn.weight.copy_(torch.linspace(0.5, 2.0, C))
+        bn.bias.copy_(torch.linspace(-1.0, 1.0, C))
+
+
+def _chunk(t, sizes, r):
+    start = sum(sizes[:r])
+    return t[start:start + sizes[r]]
+
+
+def _np(d: dict) -> dict:
+    return {k: v.detach().numpy().copy() for k, v in d.items()}
+
+
+def _sync_worker(sizes, sync, group, momentum, dtype=None):
+    env = dist.init("cpu", "gloo", threads=1)
+    bn = RankBatchNorm2d(C, sync, group, momentum=momentum)
+    _affine(bn)
+    x, gy = _global_batch(sizes)
+    x = _chunk(x, sizes, env.rank).clone().requires_grad_(True)
+    if dtype is not None:
+        with torch.autocast("cpu", dtype=dtype):
+            y = bn(x.to(dtype))
+    else:
+        y = bn(x)
+    (y.float() * _chunk(gy, sizes, env.rank)).sum().backward()
+    out = {"y": y.float(), "dx": x.grad, "dw": bn.weight.grad, "db": bn.bias.grad,
+           "rm": bn.running_mean, "rv": bn.running_var,
+           "nbt": bn.num_batches_tracked.float().view(1)}
+    bn.eval()
+    out["y_eval"] = bn(x.detach())
+    dist.teardown()
+    return _np(out)
+
+
+def _reference(sizes, lo=0, hi=None, momentum=0.1):
+    bn = nn.BatchNorm2d(C, momentum=momentum)
+    _affine(bn)
+    x, gy = _global_batch(sizes)
+    start, stop = sum(sizes[:lo]), sum(sizes[:hi] if hi is not None else sizes)
+    x = x[start:stop].clone().requires_grad_(True)
+    y = bn(x)
+    (y * gy[start:stop]).sum().backward()
+    bn.eval()
+    return bn, x, y, bn(x.detach())
+
+
+def _close(a, b, what):
+    np.testing.assert_allclose(a, b.detach().numpy() if torch.is_tensor(b) else b,
+                               rtol=1e-5, atol=1e-5, err_msg=what)
+
+
+@pytest.mark.parametrize("sizes", [[4, 4], [3, 1, 5, 2], [3, 0, 4, 2]],
+                         ids=["equal-2", "unequal-4", "empty-rank-4"])
+def test_syncbn_equals_batchnorm_on_the_concatenated_batch(sizes):
+    res = dist.launch_local(_sync_worker, len(sizes), sizes, "exact", 0, 0.1)
+    bn, x, y, y_eval = _reference(sizes)
+    for r, out in enumerate(res):
+        _close(out["y"], _chunk(y, sizes, r), f"output rank {r}")
+        _close(out["dx"], _chunk(x.grad, sizes, r), f"input grad rank {r}")
+        _close(out["rm"], bn.running_mean, "running mean")
+        _close(out["rv"], bn.running_var, "running var (unbiased, global count)")
+        _close(out["nbt"], [1.0], "num_batches_tracked")
+        _close(out["y_eval"], _chunk(y_eval, sizes, r), f"eval output rank {r}")
+    # Weight and bias gradients: each rank holds its share; DDP's all-reduce adds them up.
+    _close(sum(o["dw"] for o in res), bn.weight.grad, "weight grad")
+    _close(sum(o["db"] for o in res), bn.bias.grad, "bias grad")
+
+
+def test_sync_groups_share_statistics_within_groups_of_k_ranks():
+    sizes = [2, 3, 1, 2]
+    res = dist.launch_local(_sync_worker, 4, sizes, "exact", 2, 0.1)
+    for lo, hi in [(0, 2), (2, 4)]:
+        bn, x, y, _ = _reference(sizes, lo, hi)
+        for r in range(lo, hi):
+            _close(res[r]["y"], _chunk(y, sizes[lo:hi], r - lo), f"output rank {r}")
+            _close(res[r]["dx"], _chunk(x.grad, sizes[lo:hi], r - lo), f"input grad rank {r}")
+            _close(res[r]["rv"], bn.running_var, f"running var rank {r}")
+
+
+def test_statistics_stay_fp32_under_bf16_autocast():
+    sizes = [4, 4]
+    res = dist.launch_local(_sync_worker, 2, sizes, "exact", 0, 1.0, torch.bfloat16)
+    x, _ = _global_batch(sizes)
+    xb = x.to(torch.bfloat16).float()  # the values the layer saw, exactly, in fp32
+    mean = xb.mean((0, 2, 3))
+    var = xb.var((0, 2, 3), unbiased=True)
+    for out in res:
+        _close(out["rm"], mean, "running mean from bf16 input, merged in fp32")
+        _close(out["rv"], var, "running var from bf16 input, merged in fp32")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_naive_sync_variance_misses_exactly_the_spread_of_rank_means(world):
+    """C12: mean_r(var_r) = var_union - mean_r((mean_r - mean)^2), for equal counts."""
+    sizes = [3] * world
+    naive = dist.launch_local(_sync_worker, world, sizes, "naive", 0, 1.0)[0]
+    exact = dist.launch_local(_sync_worker, world, sizes, "exact", 0, 1.0)[0]
+    n_rank, n_all = 3 * 9, world * 3 * 9  # values per channel: per rank, in the union
+    var_naive = naive["rv"] * (n_rank - 1) / n_rank  # biased variance the naive layer used
+    var_true = exact["rv"] * (n_all - 1) / n_all
+    x, _ = _global_batch(sizes)
+    means = torch.stack([_chunk(x, sizes, r).mean((0, 2, 3)) for r in range(world)])
+    spread = (means - means.mean(0)).pow(2).mean(0).numpy()
+    assert spread.mean() > 0.3 and (spread > 0.01).all()  # rank offsets make the bias large
+    np.testing.assert_allclose(var_true - var_naive, spread, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(naive["rm"], exact["rm"], rtol=1e-5, atol=1e-6)
