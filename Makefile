@@ -8,7 +8,7 @@ DEMO_DIR := outputs/demo/$(STAMP)
 export BNLAB_TEST_DATA ?= $(abspath ../shared/data/cifar10-mini)
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-slow lint demo clean
+.PHONY: help install test test-slow lint demo bench-sim clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -31,6 +31,9 @@ demo: install ## short training run + table + plot (synthetic data; DATA=<dir> f
 		hydra.run.dir=$(DEMO_DIR)
 	$(PY) -m bnlab.report $(DEMO_DIR) --out $(DEMO_DIR)/report \
 		--title "bnlab demo ($(if $(DATA),CIFAR-10 from $(DATA),synthetic data))"
+
+bench-sim: install ## step time: simulated vs real gloo DDP, SyncBN vs BN (prints ratios)
+	$(PY) benchmarks/sim_vs_ddp.py
 
 clean: ## remove outputs/ (all run directories)
 	rm -rf outputs

@@ -134,3 +134,22 @@ def test_wandb_logger_goes_offline_without_an_api_key(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     (d,) = run_dirs(tmp_path)
     assert list((d / "wandb").glob("offline-run-*")), "no offline wandb run was written"
+
+
+def test_simulated_ranks_match_real_ranks_through_train_py(tmp_path, norm="syncbn"):
+    """dist.simulate=2 and dist.nproc_per_node=2 log the same first steps.
+
+    Later steps drift apart by float32 rounding amplified by training at small batches;
+    tests/test_simulate.py shows the two agree to 1e-10 over 20 steps in float64.
+    """
+    logs = {}
+    for mode in ("dist.simulate=2", "dist.nproc_per_node=2"):
+        _train(tmp_path, f"norm={norm}", mode, sub=mode.split("=")[0])
+        (d,) = run_dirs(tmp_path / mode.split("=")[0])
+        info = json.loads((d / "run.json").read_text())
+        assert info["world"] == 2 and info["simulated"] == (mode == "dist.simulate=2")
+        logs[mode] = read_jsonl(d / "metrics.jsonl")
+    sim, real = logs.values()
+    assert sim[0]["step"] == real[0]["step"] == 2
+    for k in ("train/loss", "train/acc", "lr"):
+        assert sim[0][k] == pytest.approx(real[0][k], rel=1e-5), k
