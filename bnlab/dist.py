@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,8 +71,18 @@ def init(device: str = "auto", backend: str = "auto", timeout_s: float = 300,
     return DistEnv(rank, world, local_rank, dev, backend)
 
 
-def teardown() -> None:
+def teardown(wait_for_others: bool = True) -> None:
+    """Leave the process group once every rank is done.
+
+    gloo's worker threads release finished work objects under the GIL. Destroying the group
+    (which joins those threads) while one still waits for the GIL deadlocks (seen with torch
+    2.13 when a DDP reducer dropped the last reference). So: barrier, then let the threads
+    drain with the GIL released, then destroy.
+    """
     if dist.is_available() and dist.is_initialized():
+        if wait_for_others and dist.get_world_size() > 1:
+            dist.barrier()
+        time.sleep(0.2)  # releases the GIL: the worker threads finish their clean-up
         dist.destroy_process_group()
 
 

@@ -58,11 +58,14 @@ def worker(cfg: dict, run_dir: str, meta: dict) -> dict:
     d = cfg["dist"]
     env = dist.init(d["device"], d["backend"], d["timeout_s"], d["threads"])
     try:
-        return {"ok": True, **trainer.run(cfg, Path(run_dir), env, meta)}
+        result = {"ok": True, **trainer.run(cfg, Path(run_dir), env, meta)}
     except BnlabError as e:  # raised identically on every rank, before any collective
-        return {"ok": False, "error": str(e)}
-    finally:
-        dist.teardown()
+        result = {"ok": False, "error": str(e)}
+    except BaseException:
+        dist.teardown(wait_for_others=False)  # the other ranks may never get here
+        raise
+    dist.teardown()
+    return result
 
 
 def main(cfg: DictConfig) -> dict:

@@ -73,6 +73,7 @@ def _accum_worker(norm: str, b: int, k: int) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     train_step(net, micro, opt, Meter(env.device), sync_grads=True)
     grads = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
+    del net
     dist.teardown()
     return grads
 
