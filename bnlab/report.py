@@ -76,7 +76,7 @@ def plot_curves(runs: list[Run], out: Path, title: str) -> None:
     for r in runs:
         ax1.plot(*r.series("train/loss"), label=r.label)
         ax2.plot(*r.series("val/acc"), marker="o", label=r.label)
-    ax1.set(xlabel="epoch", ylabel="train loss (mean over steps and ranks)", yscale="log")
+    ax1.set(xlabel="epoch", ylabel="train loss (mean over steps and ranks)")
     ax2.set(xlabel="epoch", ylabel="val accuracy (%)")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)

@@ -99,7 +99,7 @@ def wrap(model: nn.Module, cfg: dict, env: dist.DistEnv) -> nn.Module:
 
 
 def model_state(model: nn.Module) -> dict:
-    """The bare model's state dict; simulated ranks' extra buffers are kept under sim/."""
+    """The bare model's state dict (rank 0's statistics); simulated ranks' buffers left out."""
     return {k: v for k, v in model.state_dict().items() if "sim_running_" not in k}
 
 
