@@ -16,6 +16,7 @@ from bnlab.errors import BnlabError
 from bnlab.models import MODELS
 from bnlab.norms import NORMS
 from bnlab.optim import SCHEDULES
+from bnlab.precise_bn import ESTIMATORS, POOLINGS
 from bnlab.rundir import read_status
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
@@ -111,6 +112,18 @@ def validate(cfg: dict) -> None:
           d["timeout_s"])
     _pos_int(cfg, "dist.threads", "a non-negative integer (0 = cores / local ranks)", minimum=0)
     _choice(cfg, "logger.wandb.mode", WANDB_MODES)
+
+    _pos_int(cfg, "precise_bn.every", "a non-negative integer (epochs between runs; 0 = never)",
+             minimum=0)
+    _need(isinstance(cfg["precise_bn"]["at_end"], bool), "precise_bn.at_end", "true or false",
+          cfg["precise_bn"]["at_end"])
+    _choice(cfg, "precise_bn.mode", ("apply", "measure"))
+    _choice(cfg, "precise_bn.estimator", ESTIMATORS)
+    _choice(cfg, "precise_bn.pooling", POOLINGS)
+    _pos_int(cfg, "precise_bn.num_samples")
+    _pos_int(cfg, "precise_bn.batch", "a positive integer (PreciseBN images per rank per batch)")
+    _need(isinstance(cfg["precise_bn"]["augment"], bool), "precise_bn.augment", "true or false",
+          cfg["precise_bn"]["augment"])
 
 
 def world_size(cfg: dict) -> int:

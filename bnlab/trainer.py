@@ -7,6 +7,8 @@ it never parses strings or asks how it was launched.
 from __future__ import annotations
 
 import contextlib
+import copy
+import itertools
 import time
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from bnlab.metrics import Meter, MetricsLogger
 from bnlab.models import build_model
 from bnlab.norms import convert_norm, set_epoch
 from bnlab.optim import build_optimizer
+from bnlab.precise_bn import recalibrate
 from bnlab.rundir import set_status, write_run_info
 from bnlab.simulate import SimulatedDDP
 
@@ -101,6 +104,32 @@ def wrap(model: nn.Module, cfg: dict, env: dist.DistEnv) -> nn.Module:
 def model_state(model: nn.Module) -> dict:
     """The bare model's state dict (rank 0's statistics); simulated ranks' buffers left out."""
     return {k: v for k, v in model.state_dict().items() if "sim_running_" not in k}
+
+
+def precise_bn_due(pb: dict, epoch: int, epochs: int) -> bool:
+    """PreciseBN after epoch `epoch` (0-based): every `every` epochs and/or at the end."""
+    last = epoch + 1 == epochs
+    return (pb["every"] > 0 and (epoch + 1) % pb["every"] == 0) or (pb["at_end"] and last)
+
+
+def run_precise_bn(model: nn.Module, cfg: dict, data: Dataset, val, env: dist.DistEnv,
+                   epoch: int) -> dict:
+    """Recalibrate (in place for `apply`, on a copy for `measure`) and evaluate the result."""
+    pb, sim = cfg["precise_bn"], cfg["dist"]["simulate"]
+    t0 = time.perf_counter()
+    loader = TrainLoader(data, env.device, pb["batch"] * sim, env.world, env.rank, 1,
+                         cfg["seed"] + 1, pb["augment"])
+    steps = pb["num_samples"] // loader.global_micro
+    if steps == 0:
+        raise BnlabError(f"precise_bn.num_samples={pb['num_samples']} is less than one "
+                         f"PreciseBN batch of {loader.global_micro} images over all ranks.")
+    target = model if pb["mode"] == "apply" else copy.deepcopy(model)
+    recalibrate(target, lambda: (m[0][0] for m in itertools.islice(loader.epoch(epoch), steps)),
+                pb["estimator"], pb["pooling"], progress=env.is_main and cfg["progress"])
+    res = evaluate(target, data, val, env, cfg["data"]["eval_batch"])
+    return {"val/acc_precise": res["val/acc"], "val/loss_precise": res["val/loss"],
+            "precise_bn/samples": steps * loader.global_micro,
+            "time/precise_bn_s": time.perf_counter() - t0}
 
 
 class Clock:
@@ -192,6 +221,8 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None) -
         bar.close()
         ep = {"step": step, "epoch": epoch + 1, **epoch_meter.reduce("train_epoch"),
               "time/train_s": clock.stop()}
+        if precise_bn_due(cfg["precise_bn"], epoch, cfg["epochs"]):
+            ep.update(run_precise_bn(model, cfg, data, val, env, epoch))
         clock.start()
         logger.log(ep, echo=False)
         last = {**last, **ep}

@@ -1,0 +1,164 @@
+"""PreciseBN: running statistics recomputed as population statistics of the current model.
+
+Wu & Johnson (2021): the EMA of batch statistics is a poor population estimate when the
+model moves fast or batches are small. PreciseBN freezes the model and measures, per
+channel, count-weighted E[x] and E[x^2] over `num_samples` training images:
+var = E[x^2] - E[x]^2, with the unbiased correction BN expects. Under DDP every rank
+measures its share and the sums are all-reduced, so all ranks end with identical
+statistics. `pooling="averaged"` (the mean of per-batch variances, as pycls does) exists to
+show its bias at small batches; it is not the default.
+
+Estimators:
+- `train`: one pass with every layer in train mode (as fvcore/pycls): upstream BN layers
+  normalize with the PreciseBN batch's statistics.
+- `eval`: layer by layer in forward order, each layer measured on the activations it sees in
+  eval mode, with the layers before it already recalibrated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.nn as nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from tqdm import tqdm
+
+from bnlab import dist
+
+ESTIMATORS = ("train", "eval")
+POOLINGS = ("pooled", "averaged")
+
+
+class _Stop(Exception):
+    """Raised by a hook to end a forward pass once the layer of interest has been seen."""
+
+
+def bn_layers(model: nn.Module, image_shape=(3, 32, 32)) -> list[tuple[str, _BatchNorm]]:
+    """BN layers in the order the forward pass calls them."""
+    names = {m: n for n, m in model.named_modules()}
+    order: list[_BatchNorm] = []
+    hooks = [m.register_forward_pre_hook(lambda mod, inp: order.append(mod))
+             for m in names if isinstance(m, _BatchNorm)]
+    was_training = model.training
+    p = next(model.parameters())
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(torch.zeros(1, *image_shape, device=p.device, dtype=p.dtype))
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    seen = dict.fromkeys(order)  # a layer called twice keeps its first position
+    return [(names[m], m) for m in seen]
+
+
+class _Moments:
+    """Per-channel sums over every sample seen (and per-batch sums for `averaged`)."""
+
+    def __init__(self, c: int, device):
+        self.t = torch.zeros(4 * c + 2, dtype=torch.float64, device=device)
+        self.c = c
+
+    def add(self, x: torch.Tensor) -> None:
+        c = self.c
+        xd = x.detach().double().transpose(0, 1).reshape(c, -1)  # (C, N*H*W)
+        n = xd.shape[1]
+        if n == 0:
+            return
+        mean = xd.mean(1)
+        self.t[:c] += xd.sum(1)
+        self.t[c:2 * c] += xd.pow(2).sum(1)
+        self.t[2 * c:3 * c] += mean
+        self.t[3 * c:4 * c] += xd.var(1, unbiased=n > 1)
+        self.t[4 * c] += n
+        self.t[4 * c + 1] += 1
+
+    def result(self, pooling: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, unbiased variance) per channel."""
+        c, t = self.c, self.t
+        n, batches = t[4 * c], t[4 * c + 1]
+        if pooling == "averaged":
+            return t[2 * c:3 * c] / batches, t[3 * c:4 * c] / batches
+        mean = t[:c] / n
+        var = (t[c:2 * c] / n - mean.pow(2)).clamp_min(0)
+        return mean, var * n / (n - 1)
+
+
+def _collect(model, layers, batches: Iterable[torch.Tensor], train_mode: bool,
+             stop_at: nn.Module | None, bar: tqdm | None) -> dict[nn.Module, _Moments]:
+    moments = {m: _Moments(m.num_features, m.running_mean.device) for _, m in layers}
+
+    def hook(mod, inp):
+        moments[mod].add(inp[0])
+        if mod is stop_at:
+            raise _Stop
+
+    hooks = [m.register_forward_pre_hook(hook) for m in moments]
+    model.train(train_mode)
+    try:
+        for x in batches:
+            with contextlib.suppress(_Stop):
+                model(x)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        for h in hooks:
+            h.remove()
+    for m in moments.values():  # every rank measured its share: add the shares up
+        dist.all_reduce_sum(m.t)
+    return moments
+
+
+def _set(bn: _BatchNorm, mean: torch.Tensor, var: torch.Tensor) -> None:
+    bn.running_mean.copy_(mean.to(bn.running_mean.dtype))
+    bn.running_var.copy_(var.to(bn.running_var.dtype))
+    if getattr(bn, "sim_world", 1) > 1:  # simulated ranks all hold the reduced statistics
+        bn.sim_running_mean.copy_(bn.running_mean.repeat(bn.sim_world))
+        bn.sim_running_var.copy_(bn.running_var.repeat(bn.sim_world))
+
+
+@torch.no_grad()
+def recalibrate(model: nn.Module, batches: Callable[[], Iterable[torch.Tensor]],
+                estimator: str = "train", pooling: str = "pooled",
+                progress: bool = False) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Replace every BN layer's running statistics by PreciseBN's; returns them by layer name.
+
+    `batches()` yields this rank's input batches (called once per pass). Parameters and
+    anything outside the BN running statistics are left untouched; the train/eval mode of
+    every module is restored.
+    """
+    assert estimator in ESTIMATORS and pooling in POOLINGS, (estimator, pooling)
+    modes = {m: m.training for m in model.modules()}
+    layers = bn_layers(model)
+    saved = {m: (m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone())
+             for _, m in layers}
+    out = {}
+    try:
+        passes = [layers] if estimator == "train" else [[layer] for layer in layers]
+        with tqdm(desc=f"PreciseBN ({estimator})", leave=False,
+                  disable=not progress) as bar:
+            for group in passes:
+                stop = group[-1][1] if estimator == "eval" else None
+                moments = _collect(model, group if estimator == "eval" else layers,
+                                   batches(), estimator == "train", stop, bar)
+                for name, m in group:
+                    mean, var = moments[m].result(pooling)
+                    out[name] = (mean, var)
+                    if estimator == "eval":
+                        _set(m, mean, var)  # the next layers see this layer recalibrated
+        for name, m in layers:
+            m.num_batches_tracked.copy_(saved[m][2])  # a train-mode pass must not count
+            _set(m, *out[name])
+    except BaseException:
+        for m, (rm, rv, nbt) in saved.items():
+            m.running_mean.copy_(rm)
+            m.running_var.copy_(rv)
+            m.num_batches_tracked.copy_(nbt)
+        raise
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+    return out

@@ -1,0 +1,132 @@
+"""PreciseBN: direct statistics, identical across gloo ranks, pooled vs averaged, no changes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from bnlab import dist
+from bnlab.metrics import read_jsonl
+from bnlab.norms import convert_norm
+from bnlab.precise_bn import recalibrate
+from conftest import SMOKE, needs_cifar, run_dirs, run_entry
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                      nn.Conv2d(4, 5, 3, stride=2, padding=1), nn.BatchNorm2d(5), nn.ReLU(),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(5, 10))
+    return convert_norm(m, "bn")
+
+
+def _images(n=64) -> torch.Tensor:
+    """Noise plus a per-image brightness, so images (and small batches) differ in mean."""
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(n, 3, 32, 32, generator=g) + 2 * torch.randn(n, 1, 1, 1, generator=g)
+
+
+def _stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x = x.double()
+    return x.mean((0, 2, 3)), x.var((0, 2, 3), unbiased=True)
+
+
+def _close(a, b, what):
+    np.testing.assert_allclose(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64),
+                               rtol=1e-5, atol=1e-6, err_msg=what)
+
+
+def test_train_estimator_equals_statistics_computed_directly():
+    model, x = _model(), _images()
+    seen = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, inp, i=i: seen.__setitem__(i, inp[0]))
+             for i, m in ((1, model[1]), (4, model[4]))]
+    model.train()
+    with torch.no_grad():
+        model(x)  # one batch of everything: what the train estimator sees with batch = 64
+    for h in hooks:
+        h.remove()
+    fresh = _model()
+    recalibrate(fresh, lambda: [x], "train")
+    for i in (1, 4):
+        mean, var = _stats(seen[i])
+        _close(fresh[i].running_mean, mean, f"layer {i} mean")
+        _close(fresh[i].running_var, var, f"layer {i} var")
+
+
+def test_eval_estimator_equals_statistics_computed_directly():
+    model, x = _model(), _images()
+    recalibrate(model, lambda: x.split(16), "eval")
+    with torch.no_grad():
+        h1 = model[0](x)
+        _close(model[1].running_mean, _stats(h1)[0], "layer 1 mean")
+        _close(model[1].running_var, _stats(h1)[1], "layer 1 var")
+        model.eval()
+        h2 = model[3](model[2](model[1](h1)))  # layer 1 already recalibrated, in eval mode
+        _close(model[4].running_mean, _stats(h2)[0], "layer 4 mean")
+        _close(model[4].running_var, _stats(h2)[1], "layer 4 var")
+
+
+def test_pooled_does_not_depend_on_batch_size_but_averaged_does():
+    x = _images(128)
+    out = {}
+    for pooling in ("pooled", "averaged"):
+        for batch in (2, 64):
+            out[pooling, batch] = recalibrate(_model(), lambda b=batch: x.split(b), "eval",
+                                              pooling)["1"][1]
+    _close(out["pooled", 2], out["pooled", 64], "pooled variance, batch 2 vs 64")
+    # The average of per-batch variances drops the spread of the batch means: far lower at 2.
+    ratio = (out["averaged", 2] / out["averaged", 64]).mean().item()
+    assert ratio < 0.9, ratio
+
+
+def test_no_parameter_or_optimizer_state_changes():
+    model, x = _model(), _images()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    nn.functional.cross_entropy(model(x), torch.zeros(64, dtype=torch.long)).backward()
+    opt.step()
+    params = [p.detach().clone() for p in model.parameters()]
+    state = {k: v["momentum_buffer"].clone() for k, v in opt.state.items()}
+    nbt = model[1].num_batches_tracked.clone()
+    model.eval()
+    for estimator in ("train", "eval"):
+        recalibrate(model, lambda: x.split(8), estimator)
+        assert not model.training and not model[1].training  # modes restored
+    assert all(torch.equal(a, p) for a, p in zip(params, model.parameters(), strict=True))
+    assert all(torch.equal(state[k], v["momentum_buffer"]) for k, v in opt.state.items())
+    assert torch.equal(model[1].num_batches_tracked, nbt)
+
+
+def _rank_worker(estimator: str) -> dict:
+    env = dist.init("cpu", "gloo", threads=1)
+    x = _images()
+    share = x.chunk(env.world)[env.rank]
+    stats = recalibrate(_model(), lambda: share.split(8), estimator)
+    dist.teardown()
+    return {k: (m.numpy(), v.numpy()) for k, (m, v) in stats.items()}
+
+
+@pytest.mark.parametrize("estimator", ["train", "eval"])
+def test_two_gloo_ranks_hold_identical_statistics_of_the_union(estimator):
+    res = dist.launch_local(_rank_worker, 2, estimator)
+    single = recalibrate(_model(), lambda: _images().split(8), estimator)
+    for layer, (mean, var) in single.items():
+        for r in res:
+            _close(r[layer][0], mean, f"{estimator} layer {layer} mean")
+            _close(r[layer][1], var, f"{estimator} layer {layer} var")
+
+
+@needs_cifar
+def test_trainer_logs_precise_bn_next_to_val_acc(tmp_path):
+    r = run_entry("train.py", *SMOKE, f"output_dir={tmp_path}", "precise_bn=end",
+                  "precise_bn.mode=measure", "precise_bn.num_samples=128",
+                  "precise_bn.estimator=eval", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (d,) = run_dirs(tmp_path)
+    (row,) = [x for x in read_jsonl(d / "metrics.jsonl") if "val/acc_precise" in x]
+    assert row["precise_bn/samples"] == 128 and row["time/precise_bn_s"] > 0
+    assert json.loads((d / "status.json").read_text())["status"] == "completed"
