@@ -113,6 +113,11 @@ def validate(cfg: dict) -> None:
     _pos_int(cfg, "dist.threads", "a non-negative integer (0 = cores / local ranks)", minimum=0)
     _choice(cfg, "logger.wandb.mode", WANDB_MODES)
 
+    _need(isinstance(cfg["diagnostics"]["enabled"], bool), "diagnostics.enabled",
+          "true or false", cfg["diagnostics"]["enabled"])
+    _pos_int(cfg, "diagnostics.min_values")
+    _pos_int(cfg, "diagnostics.train_mode_batch", "a non-negative integer (0 = batch_per_gpu)",
+             minimum=0)
     _pos_int(cfg, "precise_bn.every", "a non-negative integer (epochs between runs; 0 = never)",
              minimum=0)
     _need(isinstance(cfg["precise_bn"]["at_end"], bool), "precise_bn.at_end", "true or false",

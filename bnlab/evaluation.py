@@ -1,43 +1,137 @@
-"""Evaluate a saved run: eval-mode accuracy of its checkpoint on the validation set."""
+"""Evaluate a saved run's BN statistics (claims C7, C8, C10), or diagnose settings offline.
+
+For a checkpoint: eval-mode accuracy at several batch sizes (must not change), train-mode
+accuracy at several batch sizes (on a copy: a train-mode forward moves running statistics),
+accuracy with each rank's running statistics and their average (where the run kept them),
+and after PreciseBN with both estimators. Printed as a table and written to eval.json.
+"""
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import sys
 from pathlib import Path
 
+import torch
 import yaml
 from omegaconf import DictConfig
 
 from bnlab import checkpoint, dist
-from bnlab.data import build_dataset
+from bnlab.data import TrainLoader, build_dataset
+from bnlab.diagnostics import FIXES, at_risk, train_mode_accuracy
 from bnlab.errors import BnlabError
+from bnlab.models import MODELS, build_model
+from bnlab.norms import RankBatchNorm2d, bn_value_counts
+from bnlab.precise_bn import ESTIMATORS, recalibrate
 from bnlab.trainer import build_net, evaluate
 
 
-def run(cfg: DictConfig) -> dict:
+def _load_rank_stats(model, stats: dict) -> None:
+    for name, m in model.named_modules():
+        if isinstance(m, RankBatchNorm2d) and name in stats:
+            m.running_mean.copy_(stats[name][0])
+            m.running_var.copy_(stats[name][1])
+
+
+def evaluate_run(cfg: DictConfig) -> dict:
     path = Path(cfg.run)
     state = checkpoint.load(path)
-    train_cfg = yaml.safe_load(state["config"])
+    try:
+        train_cfg = yaml.safe_load(state["config"])
+        train_cfg["dist"]["simulate"] = 1  # evaluation runs the bare model in one process
+    except (KeyError, TypeError, yaml.YAMLError):
+        raise BnlabError(f"checkpoint: {path} holds no bnlab run config; is it a bnlab "
+                         "checkpoint?") from None
     if cfg.data_root is not None:
         train_cfg["data"]["root"] = cfg.data_root
     env = dist.DistEnv(0, 1, 0, dist.pick_device(cfg.device, 0), None)
     data = build_dataset(train_cfg["data"])
+    val = data.val.to(env.device)
     model = build_net(train_cfg)
     model.load_state_dict(state["model"])  # rank 0's statistics, as DDP keeps them
     model.to(env.device)
-    res = evaluate(model, data, data.val.to(env.device), env, cfg.eval_batch)
-    out = {"checkpoint_epoch": state["epoch"], "step": state["step"], **res}
+
+    def acc(m, batch=256) -> float:
+        return evaluate(m, data, val, env, batch)["val/acc"]
+
+    rows: dict[str, float] = {}
+    for b in cfg.eval_batches:
+        rows[f"eval mode, batch {b}"] = acc(model, b)
+    for b in cfg.train_mode_batches:
+        rows[f"train mode, batch {b}"] = train_mode_accuracy(model, data, val, env, b)[
+            "bn/train_mode/acc"]
+    ranks = state.get("rank_bn_stats") or []
+    for r, stats in enumerate(ranks):
+        m = copy.deepcopy(model)
+        _load_rank_stats(m, stats)
+        rows[f"rank {r} running statistics"] = acc(m)
+    if ranks:
+        avg = {n: tuple(torch.stack([s[n][i] for s in ranks]).mean(0) for i in (0, 1))
+               for n in ranks[0]}
+        m = copy.deepcopy(model)
+        _load_rank_stats(m, avg)
+        rows["average of the ranks' statistics"] = acc(m)
+    loader = TrainLoader(data, env.device, cfg.precise_bn_batch, 1, 0, 1, 0, augment=False)
+    steps = max(1, cfg.precise_bn_samples // cfg.precise_bn_batch)
+    for est in ESTIMATORS:
+        m = copy.deepcopy(model)
+        recalibrate(m, lambda: (mb[0][0] for mb in itertools.islice(loader.epoch(0), steps)),
+                    est)
+        rows[f"PreciseBN ({est} estimator)"] = acc(m)
+    out = {"checkpoint": str(path), "epoch": state["epoch"], "step": state["step"],
+           "val_acc": rows}
     run_dir = path if path.is_dir() else path.parent
     (run_dir / "eval.json").write_text(json.dumps(out, indent=2) + "\n")
-    print("| metric | value |\n|---|---|\n" + "\n".join(f"| {k} | {v:.4g} |" if
-          isinstance(v, float) else f"| {k} | {v} |" for k, v in out.items()))
+    print(f"checkpoint {path} (epoch {state['epoch']}, step {state['step']})\n")
+    print("| evaluation | val acc (%) |\n|---|---|")
+    print("\n".join(f"| {k} | {v:.2f} |" for k, v in rows.items()))
+    print(f"\nwrote {run_dir / 'eval.json'}")
     return out
+
+
+def diagnose(cfg: DictConfig) -> list[str]:
+    """BN layers at risk for a model, world size and per-rank batch; no checkpoint needed."""
+    cfg = cfg.diagnose
+    if cfg.model not in MODELS:
+        raise BnlabError(f"diagnose.model={cfg.model!r} is unknown; choose one of "
+                         f"{sorted(MODELS)}.")
+    if cfg.norm not in ("bn", "syncbn"):
+        raise BnlabError(f"diagnose.norm={cfg.norm!r} is not bn or syncbn.")
+    for key in ("world", "batch_per_gpu", "min_values"):
+        if not isinstance(cfg[key], int) or cfg[key] < 1:
+            raise BnlabError(f"diagnose.{key} must be a positive integer, got {cfg[key]!r}.")
+    per_norm = cfg.batch_per_gpu * (cfg.world if cfg.norm == "syncbn" else 1)
+    counts = bn_value_counts(build_model(cfg.model), per_norm)
+    risky = at_risk(counts, cfg.min_values)
+    print(f"{cfg.model}, {cfg.world} ranks x {cfg.batch_per_gpu} images, norm={cfg.norm}: "
+          f"values per channel that each BN layer normalizes over\n")
+    print("| layer | values per channel | at risk |\n|---|---|---|")
+    for n, c in counts.items():
+        print(f"| {n} | {c} | {'yes' if n in risky else ''} |")
+    if not risky:
+        print(f"\nno layer under {cfg.min_values} values per channel.")
+    else:
+        worst = min(risky.values())
+        fatal = " BN cannot train at all with 1 value." if worst <= 1 else ""
+        print(f"\n{len(risky)} of {len(counts)} layers under {cfg.min_values} values per "
+              f"channel (lowest {worst}).{fatal} Recommended: {FIXES} "
+              f"(syncbn would give {worst * cfg.world if cfg.norm == 'bn' else worst}).")
+    return sorted(risky)
 
 
 def main(cfg: DictConfig) -> None:
     try:
-        run(cfg)
+        if cfg.diagnose.enabled:
+            diagnose(cfg)
+        elif cfg.run is None:
+            raise BnlabError("run is not set; pass run=<run dir or checkpoint.pt>, or "
+                             "diagnose.enabled=true.")
+        else:
+            evaluate_run(cfg)
     except BnlabError as e:
         print(f"bnlab: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+
+

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bnlab import dist, trainer
 from bnlab.config import check_data, check_run_dir, validate, world_size
+from bnlab.diagnostics import at_risk, risk_message
 from bnlab.errors import BnlabError
 from bnlab.norms import RankBatchNorm2d, bn_value_counts
 
@@ -44,6 +45,10 @@ def preflight(cfg: dict, run_dir: Path) -> None:
     bns = [m for m in model.modules() if isinstance(m, RankBatchNorm2d)]
     group = bns[0].group_size(world) if bns and bns[0].sync == "exact" else 1
     counts = bn_value_counts(model, cfg["batch_per_gpu"] * group)
+    risky = at_risk(counts, cfg["diagnostics"]["min_values"])
+    if risky and cfg["norm"]["kind"] != "frozen_bn":
+        dist.print0(f"bnlab: warning: {risk_message(risky, cfg['diagnostics']['min_values'])}",
+                    file=sys.stderr)
     worst = min(counts, key=counts.get, default=None)
     if worst is not None and counts[worst] <= 1 and cfg["norm"]["kind"] != "frozen_bn":
         raise BnlabError(

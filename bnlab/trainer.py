@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from bnlab import checkpoint, dist
 from bnlab.data import Dataset, TrainLoader, build_dataset, val_batches
+from bnlab.diagnostics import GapProbe, divergence, rank_running_stats, train_mode_accuracy
 from bnlab.errors import BnlabError
 from bnlab.metrics import Meter, MetricsLogger
 from bnlab.models import build_model
@@ -132,6 +133,17 @@ def run_precise_bn(model: nn.Module, cfg: dict, data: Dataset, val, env: dist.Di
             "time/precise_bn_s": time.perf_counter() - t0}
 
 
+def bn_health(model: nn.Module, cfg: dict, data: Dataset, val, env: dist.DistEnv,
+              probe: GapProbe | None) -> dict:
+    """bn/... metrics at an evaluation: rank divergence, batch gap, train-mode accuracy."""
+    out = divergence(rank_running_stats(model, env))
+    if probe is not None:
+        out.update(probe.result())
+    batch = cfg["diagnostics"]["train_mode_batch"] or cfg["batch_per_gpu"]
+    out.update(train_mode_accuracy(model, data, val, env, batch))
+    return out
+
+
 class Clock:
     """Training wall time with evaluation excluded; synchronises the device when read."""
 
@@ -187,6 +199,7 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None) -
     clock = Clock(env.device)
     images_per_step = loader.global_micro * cfg["grad_accum"]
     step, last = 0, {}
+    diag = cfg["diagnostics"]["enabled"]
     clock.start()
     t_logged, step_logged = 0.0, 0
 
@@ -196,7 +209,9 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None) -
         bar = tqdm(total=spe, desc=f"epoch {epoch + 1}/{cfg['epochs']}", leave=False,
                    disable=not (env.is_main and cfg["progress"]), dynamic_ncols=True)
         for i, micro in enumerate(loader.epoch(epoch), start=1):
-            loss = train_step(net, micro, opt, step_meter, ranks > 1)
+            probe = GapProbe(model) if diag and i in evals else None
+            with probe or contextlib.nullcontext():
+                loss = train_step(net, micro, opt, step_meter, ranks > 1)
             sched.step()
             step += 1
             bar.update(1)
@@ -216,6 +231,8 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None) -
                 clock.stop()
                 last = {"step": step, "epoch": epoch + i / spe,
                         **evaluate(model, data, val, env, cfg["data"]["eval_batch"])}
+                if diag:
+                    last.update(bn_health(model, cfg, data, val, env, probe))
                 logger.log(last, echo=False)
                 clock.start()
         bar.close()
@@ -223,6 +240,7 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None) -
               "time/train_s": clock.stop()}
         if precise_bn_due(cfg["precise_bn"], epoch, cfg["epochs"]):
             ep.update(run_precise_bn(model, cfg, data, val, env, epoch))
+        ranks_bn = rank_running_stats(model, env) if ranks > 1 else []  # collective
         clock.start()
         logger.log(ep, echo=False)
         last = {**last, **ep}
@@ -235,6 +253,7 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None) -
                     "model": model_state(model), "optimizer": opt.state_dict(),
                     "scheduler": sched.state_dict(), "epoch": epoch + 1, "step": step,
                     "config": yaml.safe_dump(cfg, sort_keys=False),
+                    "rank_bn_stats": ranks_bn,  # every rank's running statistics (C7)
                 })
     logger.close()
     if env.is_main:

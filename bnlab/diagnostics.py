@@ -1,0 +1,158 @@
+"""BN health: values per channel, rank divergence, batch-vs-running gap, train-mode accuracy.
+
+All metrics are flat `bn/...` keys. Per-layer keys name the layer (`bn/div_mean/layer1.0.bn1`);
+`..._max` keys take the worst layer.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as tdist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from bnlab import dist
+from bnlab.data import Dataset, val_batches
+from bnlab.metrics import Meter
+from bnlab.norms import RankBatchNorm2d
+
+EPS = 1e-5
+FIXES = "norm=syncbn, norm=gn, or a larger batch_per_gpu"
+
+
+def _bns(model: nn.Module) -> list[tuple[str, RankBatchNorm2d]]:
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, RankBatchNorm2d)]
+
+
+def at_risk(counts: dict[str, int], threshold: int) -> dict[str, int]:
+    """BN layers that normalize over fewer than `threshold` values per channel per rank."""
+    return {n: c for n, c in counts.items() if c < threshold}
+
+
+def risk_message(risky: dict[str, int], threshold: int) -> str:
+    worst = min(risky.values())
+    names = ", ".join(sorted(risky, key=risky.get)[:4]) + (" ..." if len(risky) > 4 else "")
+    return (f"{len(risky)} BN layers normalize over fewer than {threshold} values per channel "
+            f"per rank (lowest {worst}: {names}); batch statistics will be noisy: consider "
+            f"{FIXES}.")
+
+
+# ----------------------------------------------------------------------------------------
+# Running statistics of every rank, and how far they are from rank 0's
+
+
+def rank_running_stats(model: nn.Module, env: dist.DistEnv) -> list[dict[str, tuple]]:
+    """Every rank's (running_mean, running_var) per BN layer, on every rank (simulated too)."""
+    layers = _bns(model)
+    if not layers:
+        return []
+    world = layers[0][1].sim_world
+    if world > 1:
+        return [{n: tuple(t.clone() for t in m.rank_stats(r)) for n, m in layers}
+                for r in range(world)]
+    flat = torch.cat([t for _, m in layers for t in (m.running_mean, m.running_var)])
+    gathered = [flat]
+    if env.distributed:
+        gathered = [torch.empty_like(flat) for _ in range(env.world)]
+        tdist.all_gather(gathered, flat)
+    out = []
+    for g in gathered:
+        parts, i = {}, 0
+        for n, m in layers:
+            c = m.num_features
+            parts[n] = (g[i:i + c].clone(), g[i + c:i + 2 * c].clone())
+            i += 2 * c
+        out.append(parts)
+    return out
+
+
+def divergence(ranks: list[dict[str, tuple]]) -> dict[str, float]:
+    """Per layer, max over ranks and channels of |mean_r - mean_0| / sqrt(var_0) and of
+    |log var_r - log var_0|."""
+    if len(ranks) < 2:
+        return {}
+    out: dict[str, float] = {}
+    for name, (m0, v0) in ranks[0].items():
+        dm = max(((r[name][0] - m0).abs() / (v0 + EPS).sqrt()).max().item() for r in ranks[1:])
+        dv = max(((r[name][1] + EPS).log() - (v0 + EPS).log()).abs().max().item()
+                 for r in ranks[1:])
+        out[f"bn/div_mean/{name}"], out[f"bn/div_logvar/{name}"] = dm, dv
+    return _with_max(out, ("bn/div_mean", "bn/div_logvar"))
+
+
+def _with_max(per_layer: dict[str, float], prefixes) -> dict[str, float]:
+    for p in prefixes:
+        vals = [v for k, v in per_layer.items() if k.startswith(p + "/")]
+        if vals:
+            per_layer[f"{p}_max"] = max(vals)
+    return per_layer
+
+
+# ----------------------------------------------------------------------------------------
+# Gap between the batch statistics a layer normalizes with and its running statistics
+
+
+class GapProbe:
+    """While active, records rank 0's batch statistics against its running statistics.
+
+    Measured on this process's first rank (rank 0, or simulated rank 0), before the layer
+    updates its running statistics. Use as a context manager around one training step.
+    """
+
+    def __init__(self, model: nn.Module):
+        self.layers = _bns(model)
+        self.gaps: dict[str, float] = {}
+        self.hooks = []
+
+    def _hook(self, name):
+        def hook(mod: RankBatchNorm2d, inp):
+            if not mod.training:
+                return
+            x = inp[0].detach()
+            x = x[: x.shape[0] // mod.sim_world].float()
+            bm, bv = x.mean((0, 2, 3)), x.var((0, 2, 3), unbiased=False)
+            rm, rv = (t.float() for t in mod.rank_stats(0))
+            self.gaps[f"bn/gap_mean/{name}"] = ((bm - rm).abs() / (rv + EPS).sqrt()).max().item()
+            self.gaps[f"bn/gap_logvar/{name}"] = ((bv + EPS).log() - (rv + EPS).log()) \
+                .abs().max().item()
+        return hook
+
+    def __enter__(self):
+        self.hooks = [m.register_forward_pre_hook(self._hook(n)) for n, m in self.layers]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.hooks:
+            h.remove()
+
+    def result(self) -> dict[str, float]:
+        return _with_max(dict(self.gaps), ("bn/gap_mean", "bn/gap_logvar"))
+
+
+# ----------------------------------------------------------------------------------------
+# Train-mode accuracy: BN with the statistics of each evaluation batch
+
+
+def batch_stats_copy(model: nn.Module) -> nn.Module:
+    """A copy whose BN layers use each batch's own statistics, unsynced and unsimulated."""
+    m = copy.deepcopy(model)
+    for _, bn in _bns(m):
+        bn.sync, bn.sim_world = "none", 1
+    return m
+
+
+@torch.no_grad()
+def train_mode_accuracy(model: nn.Module, data: Dataset, val, env: dist.DistEnv,
+                        batch: int) -> dict[str, float]:
+    """Validation accuracy with BN in train mode at evaluation batch `batch` (on a copy)."""
+    m = batch_stats_copy(model)
+    m.train()
+    meter = Meter(env.device)
+    for x, y in val_batches(data, val, env.device, batch, env.world, env.rank):
+        if x.shape[0] < 2:  # BN cannot normalize one image; drop a last batch of one
+            continue
+        logits = m(x)
+        meter.add(F.cross_entropy(logits, y), logits, y)
+    return meter.reduce("bn/train_mode")

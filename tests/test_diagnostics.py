@@ -1,0 +1,129 @@
+"""BN health diagnostics and evaluate.py (its checkpoint table and its offline diagnosis)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from bnlab import dist
+from bnlab.diagnostics import GapProbe, at_risk, divergence, rank_running_stats
+from bnlab.diagnostics import train_mode_accuracy as tm_acc
+from bnlab.models import build_model
+from bnlab.norms import bn_value_counts, convert_norm
+from conftest import SMOKE, needs_cifar, run_dirs, run_entry
+
+
+def test_divergence_is_relative_to_rank0():
+    m0, v0 = torch.tensor([0.0, 1.0]), torch.tensor([4.0, 1.0])
+    ranks = [{"a": (m0, v0)},
+             {"a": (torch.tensor([1.0, 1.0]), torch.tensor([4.0, math.e]))},
+             {"a": (torch.tensor([-3.0, 1.5]), torch.tensor([4.0, 1.0]))}]
+    d = divergence(ranks)
+    assert d["bn/div_mean/a"] == pytest.approx(3 / 2, rel=1e-4)  # |-3 - 0| / sqrt(4)
+    assert d["bn/div_logvar/a"] == pytest.approx(1.0, rel=1e-4)
+    assert d["bn/div_mean_max"] == d["bn/div_mean/a"]
+    assert divergence(ranks[:1]) == {}
+
+
+def _gather_worker() -> list:
+    env = dist.init("cpu", "gloo", threads=1)
+    model = convert_norm(build_model("resnet20"), "bn")
+    for m in model.modules():
+        if hasattr(m, "running_mean"):
+            m.running_mean.fill_(env.rank + 1.0)
+            m.running_var.fill_(10.0 * (env.rank + 1))
+    stats = rank_running_stats(model, env)
+    dist.teardown()
+    return [{n: (a.numpy(), b.numpy()) for n, (a, b) in s.items()} for s in stats]
+
+
+def test_rank_running_stats_gathers_every_rank():
+    res = dist.launch_local(_gather_worker, 2)
+    for stats in res:  # every rank receives all ranks' statistics, in rank order
+        assert len(stats) == 2
+        for r, s in enumerate(stats):
+            assert len(s) == 19 + 2  # resnet20's BN layers, shortcut BNs included
+            for mean, var in s.values():
+                assert np.all(mean == r + 1) and np.all(var == 10 * (r + 1))
+
+
+def test_gap_probe_compares_batch_and_running_statistics():
+    torch.manual_seed(0)
+    model = convert_norm(build_model("resnet20"), "bn")
+    model.train()
+    x = torch.randn(4, 3, 32, 32) * 3 + 2
+    with GapProbe(model) as probe:
+        model(x)
+    h = model.conv1(x).detach()  # bn1 sees this; its running stats were still 0 / 1
+    expected = (h.mean((0, 2, 3)).abs() / math.sqrt(1 + 1e-5)).max().item()
+    gaps = probe.result()
+    assert gaps["bn/gap_mean/bn1"] == pytest.approx(expected, rel=1e-4)
+    assert gaps["bn/gap_mean_max"] >= expected
+
+
+def test_train_mode_accuracy_leaves_the_model_alone():
+    from bnlab.data import Dataset, make_synthetic
+
+    train, val = make_synthetic(num_train=16, num_val=40)
+    data = Dataset(train, val, (0.5,) * 3, (0.25,) * 3)
+    model = convert_norm(build_model("resnet20"), "bn").eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    env = dist.DistEnv(0, 1, 0, torch.device("cpu"), None)
+    res = tm_acc(model, data, val, env, 8)
+    assert 0 <= res["bn/train_mode/acc"] <= 100
+    assert not model.training
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_values_per_channel_and_risk():
+    counts = bn_value_counts(build_model("resnet18"), 2)
+    risky = at_risk(counts, 16)
+    assert set(risky) == {n for n in counts if n.startswith("layer4") or n.startswith("layer3")}
+
+
+def test_diagnose_mode_lists_layers_at_risk_without_a_checkpoint(tmp_path):
+    args = ["diagnose.enabled=true", "diagnose.model=resnet18", "diagnose.world=4",
+            "diagnose.batch_per_gpu=2"]
+    r = run_entry("evaluate.py", *args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "| layer4.1.bn2 | 2 | yes |" in r.stdout
+    assert "Recommended: norm=syncbn" in r.stdout and "syncbn would give 8" in r.stdout
+    r = run_entry("evaluate.py", *args, "diagnose.norm=syncbn", cwd=tmp_path)
+    assert "| layer4.1.bn2 | 8 | yes |" in r.stdout
+
+
+@pytest.mark.parametrize("content", [None, b"not a checkpoint", b"\x80\x02truncated"])
+def test_evaluate_refuses_missing_or_corrupt_checkpoints(tmp_path, content):
+    path = tmp_path / "checkpoint.pt"
+    if content is not None:
+        path.write_bytes(content)
+    r = run_entry("evaluate.py", f"run={path}", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "bnlab: error: checkpoint:" in r.stderr and "Traceback" not in r.stderr
+
+
+@needs_cifar
+def test_evaluate_a_simulated_four_rank_run(tmp_path):
+    r = run_entry("train.py", *SMOKE, f"output_dir={tmp_path}/out", "dist.simulate=4",
+                  "batch_per_gpu=4", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (d,) = run_dirs(tmp_path)
+    rows = [x for x in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
+            if "val/acc" in x]
+    for k in ("bn/div_mean_max", "bn/div_logvar_max", "bn/gap_mean_max", "bn/train_mode/acc"):
+        assert k in rows[-1], k
+    r = run_entry("evaluate.py", f"run={d}", "precise_bn_samples=128", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    acc = json.loads((d / "eval.json").read_text())["val_acc"]
+    # C10: in eval mode the evaluation batch size does not matter.
+    assert acc["eval mode, batch 1"] == acc["eval mode, batch 8"] == acc["eval mode, batch 256"]
+    assert acc["rank 0 running statistics"] == acc["eval mode, batch 256"]
+    assert {f"rank {r} running statistics" for r in range(4)} <= set(acc)
+    for k in ("train mode, batch 2", "average of the ranks' statistics",
+              "PreciseBN (train estimator)", "PreciseBN (eval estimator)"):
+        assert 0 <= acc[k] <= 100, k
+    assert rows[-1]["val/acc"] == pytest.approx(acc["eval mode, batch 256"], abs=1e-9)
