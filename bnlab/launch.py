@@ -35,8 +35,11 @@ def fail(msg: str, run_dir: Path | None = None, root: Path | None = None) -> Non
     raise SystemExit(EXIT_BAD_INPUT)
 
 
-def preflight(cfg: dict, run_dir: Path) -> None:
-    """Everything that can be checked before a process group or file exists."""
+def preflight(cfg: dict, run_dir: Path) -> dict[str, int]:
+    """Everything that can be checked before a process group or file exists.
+
+    Returns the values per channel that each BN layer normalizes over on one rank.
+    """
     validate(cfg)
     check_run_dir(run_dir)
     check_data(cfg)
@@ -56,6 +59,7 @@ def preflight(cfg: dict, run_dir: Path) -> None:
             f"{counts[worst]} value per channel per rank, which BN cannot normalize; use "
             "norm=syncbn with more ranks, norm=gn, or a larger batch_per_gpu."
         )
+    return counts
 
 
 def worker(cfg: dict, run_dir: str, meta: dict) -> dict:
@@ -84,12 +88,13 @@ def main(cfg: DictConfig) -> dict:
         if dist.under_torchrun() and hc.mode == RunMode.MULTIRUN:
             raise BnlabError("a Hydra multirun (-m) cannot run under torchrun; launch it with "
                              "python and set dist.nproc_per_node=N to give each job N ranks.")
-        preflight(c, run_dir)
+        counts = preflight(c, run_dir)
     except BnlabError as e:
         fail(str(e), run_dir, Path(c["output_dir"]))
     nproc = c["dist"]["nproc_per_node"]
     launcher = "torchrun" if dist.under_torchrun() else "local" if nproc > 1 else "single"
-    meta = {"launcher": launcher, "overrides": list(hc.overrides.task)}
+    meta = {"launcher": launcher, "overrides": list(hc.overrides.task),
+            "bn_values_per_channel": counts}
     if launcher == "local":
         result = dist.launch_local(worker, nproc, c, str(run_dir), meta)[0]
     else:

@@ -50,9 +50,16 @@ def summary(run: Run) -> dict:
     _, acc = run.series("val/acc")
     _, loss = run.series("train_epoch/loss")
     _, t = run.series("time/train_s")
+    _, tm = run.series("bn/train_mode/acc")
+    _, div = run.series("bn/div_mean_max")
+    counts = run.info.get("bn_values_per_channel") or {}
     return {"run": run.label, "status": run.status or "?",
             "final val acc": acc[-1] if acc else None, "best val acc": max(acc) if acc else None,
-            "final train loss": loss[-1] if loss else None, "train time (s)": t[-1] if t else None}
+            "train-mode val acc": tm[-1] if tm else None,
+            "final train loss": loss[-1] if loss else None,
+            "min BN values/channel": min(counts.values()) if counts else None,
+            "rank divergence (max)": div[-1] if div else None,
+            "train time (s)": t[-1] if t else None}
 
 
 def markdown_table(rows: list[dict]) -> str:

@@ -45,6 +45,8 @@ def test_single_process_run_writes_a_complete_run_directory(single_run):
         assert (d / f).is_file(), f
     info = json.loads((d / "run.json").read_text())
     assert info["world"] == 1 and info["launcher"] == "single"
+    assert info["bn_values_per_channel"]["bn1"] == 8 * 32 * 32  # resnet20, 8 images per rank
+    assert info["bn_values_per_channel"]["layers.8.bn2"] == 8 * 8 * 8
     assert info["versions"]["torch"].startswith("2.13.0") and "commit" in info
     assert json.loads((d / "status.json").read_text())["status"] == "completed"
     rows = read_jsonl(d / "metrics.jsonl")
