@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import itertools
 import pickle
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -249,6 +250,12 @@ class TrainLoader:
                     x = augment(x, off, flip)
                 micro.append((self.normalize(x), self.split.y[idx]))
             yield micro
+
+
+    def images(self, epoch: int, steps: int) -> Iterator[torch.Tensor]:
+        """This rank's inputs for the first `steps` steps of `epoch` (first micro-batch each)."""
+        for micro in itertools.islice(self.epoch(epoch), steps):
+            yield micro[0][0]
 
 
 def val_batches(data: Dataset, split: Split, device: torch.device, batch: int, world: int,

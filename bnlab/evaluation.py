@@ -9,7 +9,6 @@ and after PreciseBN with both estimators. Printed as a table and written to eval
 from __future__ import annotations
 
 import copy
-import itertools
 import json
 import sys
 from pathlib import Path
@@ -24,15 +23,14 @@ from bnlab.diagnostics import FIXES, at_risk, train_mode_accuracy
 from bnlab.errors import BnlabError
 from bnlab.models import MODELS, build_model
 from bnlab.norms import RankBatchNorm2d, bn_value_counts
-from bnlab.precise_bn import ESTIMATORS, recalibrate
+from bnlab.precise_bn import ESTIMATORS, recalibrate, set_running_stats
 from bnlab.trainer import build_net, evaluate
 
 
 def _load_rank_stats(model, stats: dict) -> None:
     for name, m in model.named_modules():
         if isinstance(m, RankBatchNorm2d) and name in stats:
-            m.running_mean.copy_(stats[name][0])
-            m.running_var.copy_(stats[name][1])
+            set_running_stats(m, *stats[name])
 
 
 def evaluate_run(cfg: DictConfig) -> dict:
@@ -77,8 +75,7 @@ def evaluate_run(cfg: DictConfig) -> dict:
     steps = max(1, cfg.precise_bn_samples // cfg.precise_bn_batch)
     for est in ESTIMATORS:
         m = copy.deepcopy(model)
-        recalibrate(m, lambda: (mb[0][0] for mb in itertools.islice(loader.epoch(0), steps)),
-                    est)
+        recalibrate(m, lambda: loader.images(0, steps), est)
         rows[f"PreciseBN ({est} estimator)"] = acc(m)
     out = {"checkpoint": str(path), "epoch": state["epoch"], "step": state["step"],
            "val_acc": rows}

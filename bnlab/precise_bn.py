@@ -112,7 +112,8 @@ def _collect(model, layers, batches: Iterable[torch.Tensor], train_mode: bool,
     return moments
 
 
-def _set(bn: _BatchNorm, mean: torch.Tensor, var: torch.Tensor) -> None:
+def set_running_stats(bn: _BatchNorm, mean: torch.Tensor, var: torch.Tensor) -> None:
+    """Overwrite a BN layer's running statistics (every simulated rank's too)."""
     bn.running_mean.copy_(mean.to(bn.running_mean.dtype))
     bn.running_var.copy_(var.to(bn.running_var.dtype))
     if getattr(bn, "sim_world", 1) > 1:  # simulated ranks all hold the reduced statistics
@@ -142,16 +143,15 @@ def recalibrate(model: nn.Module, batches: Callable[[], Iterable[torch.Tensor]],
                   disable=not progress) as bar:
             for group in passes:
                 stop = group[-1][1] if estimator == "eval" else None
-                moments = _collect(model, group if estimator == "eval" else layers,
-                                   batches(), estimator == "train", stop, bar)
+                moments = _collect(model, group, batches(), estimator == "train", stop, bar)
                 for name, m in group:
                     mean, var = moments[m].result(pooling)
                     out[name] = (mean, var)
                     if estimator == "eval":
-                        _set(m, mean, var)  # the next layers see this layer recalibrated
+                        set_running_stats(m, mean, var)  # later layers see it recalibrated
         for name, m in layers:
             m.num_batches_tracked.copy_(saved[m][2])  # a train-mode pass must not count
-            _set(m, *out[name])
+            set_running_stats(m, *out[name])
     except BaseException:
         for m, (rm, rv, nbt) in saved.items():
             m.running_mean.copy_(rm)

@@ -100,9 +100,7 @@ class _SyncBatchNorm(torch.autograd.Function):
             update_running(bn, gmean, (gm2 / (total - 1)).to(xf.dtype))
         invstd = torch.rsqrt(var + bn.eps)
         xhat = (xf - gmean.view(_shape(x))) * invstd.view(_shape(x))
-        y = xhat
-        if weight is not None:
-            y = xhat * weight.to(xf.dtype).view(_shape(x)) + bias.to(xf.dtype).view(_shape(x))
+        y = _affine(xhat, bn)
         ctx.save_for_backward(xhat, weight, invstd)
         ctx.total, ctx.group = float(total), group
         return y.to(x.dtype)

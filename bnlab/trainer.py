@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import itertools
 import time
 from pathlib import Path
 
@@ -125,8 +124,8 @@ def run_precise_bn(model: nn.Module, cfg: dict, data: Dataset, val, env: dist.Di
         raise BnlabError(f"precise_bn.num_samples={pb['num_samples']} is less than one "
                          f"PreciseBN batch of {loader.global_micro} images over all ranks.")
     target = model if pb["mode"] == "apply" else copy.deepcopy(model)
-    recalibrate(target, lambda: (m[0][0] for m in itertools.islice(loader.epoch(epoch), steps)),
-                pb["estimator"], pb["pooling"], progress=env.is_main and cfg["progress"])
+    recalibrate(target, lambda: loader.images(epoch, steps), pb["estimator"], pb["pooling"],
+                progress=env.is_main and cfg["progress"])
     res = evaluate(target, data, val, env, cfg["data"]["eval_batch"])
     return {"val/acc_precise": res["val/acc"], "val/loss_precise": res["val/loss"],
             "precise_bn/samples": steps * loader.global_micro,
