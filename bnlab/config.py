@@ -62,6 +62,7 @@ def validate(cfg: dict) -> None:
     """Reject invalid values with one sentence; nothing has been created yet."""
     _pos_int(cfg, "batch_per_gpu", "a positive integer (images per rank per micro-batch)")
     _pos_int(cfg, "grad_accum", "a positive integer (micro-batches per optimizer step)")
+    _pos_int(cfg, "max_steps", "a whole number of optimizer steps (0 = all epochs)", minimum=0)
     _pos_int(cfg, "epochs")
     _pos_int(cfg, "eval_every", "a positive integer (evaluations per epoch)")
     _pos_int(cfg, "log_every", "a positive integer (optimizer steps between log lines)")

@@ -21,6 +21,7 @@ from bnlab.errors import BnlabError
 from bnlab.norms import RankBatchNorm2d, bn_value_counts
 
 EXIT_BAD_INPUT = 2
+EXIT_DIVERGED = 3
 
 
 def fail(msg: str, run_dir: Path | None = None, root: Path | None = None) -> None:
@@ -102,4 +103,9 @@ def main(cfg: DictConfig) -> dict:
     if not result["ok"]:
         fail(result["error"], run_dir, Path(c["output_dir"]))
     dist.print0(f"run directory: {run_dir}")
+    if result.get("diverged_at"):
+        dist.print0(f"bnlab: training diverged (non-finite loss) by step {result['diverged_at']}; "
+                    f"the run is marked diverged in {run_dir / 'status.json'}.", file=sys.stderr)
+        if hc.mode != RunMode.MULTIRUN:  # in a multirun the other jobs go on
+            raise SystemExit(EXIT_DIVERGED)
     return result

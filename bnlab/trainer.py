@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import time
 from pathlib import Path
 
@@ -197,7 +198,8 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None) -
     step_meter, epoch_meter = Meter(env.device), Meter(env.device)
     clock = Clock(env.device)
     images_per_step = loader.global_micro * cfg["grad_accum"]
-    step, last = 0, {}
+    step, last, diverged_at = 0, {}, 0
+    stop = cfg["max_steps"] or spe * cfg["epochs"]  # the schedule always spans all epochs
     diag = cfg["diagnostics"]["enabled"]
     clock.start()
     t_logged, step_logged = 0.0, 0
@@ -214,7 +216,7 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None) -
             sched.step()
             step += 1
             bar.update(1)
-            if step % cfg["log_every"] == 0 or i == spe:
+            if step % cfg["log_every"] == 0 or i == spe or step == stop:
                 elapsed = clock.stop()
                 epoch_meter.t += step_meter.t  # every step of the epoch passes through here
                 rec = {"step": step, "epoch": epoch + i / spe, "lr": opt.param_groups[0]["lr"],
@@ -226,6 +228,9 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None) -
                 logger.log(rec, echo=False)
                 bar.set_postfix(loss=f"{rec['train/loss']:.3f}")
                 clock.start()
+                if not math.isfinite(rec["train/loss"]):  # the same reduced value on every rank
+                    diverged_at = step
+                    break
             if i in evals:
                 clock.stop()
                 last = {"step": step, "epoch": epoch + i / spe,
@@ -234,7 +239,11 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None) -
                     last.update(bn_health(model, cfg, data, val, env, probe))
                 logger.log(last, echo=False)
                 clock.start()
+            if step == stop:
+                break
         bar.close()
+        if diverged_at:
+            break
         ep = {"step": step, "epoch": epoch + 1, **epoch_meter.reduce("train_epoch"),
               "time/train_s": clock.stop()}
         if precise_bn_due(cfg["precise_bn"], epoch, cfg["epochs"]):
@@ -254,7 +263,12 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None) -
                     "config": yaml.safe_dump(cfg, sort_keys=False),
                     "rank_bn_stats": ranks_bn,  # every rank's running statistics (C7)
                 })
+        if step == stop:
+            break
     logger.close()
     if env.is_main:
-        set_status(run_dir, "completed", step=step)
-    return last
+        if diverged_at:
+            set_status(run_dir, "diverged", step=diverged_at)
+        else:
+            set_status(run_dir, "completed", step=step)
+    return {**last, "diverged_at": diverged_at}

@@ -1,0 +1,110 @@
+"""Reading a sweep's runs back: per-run numbers and per-cell statistics over seeds.
+
+Only what the runs logged is used (metrics.jsonl, status.json, run.json, sweep.json);
+nothing here trains or types a number.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bnlab.analysis import Stat, finite, step_sd, swing, window
+from bnlab.metrics import read_jsonl
+from bnlab.rundir import read_status
+from bnlab.sweep import RUNS, Cell, Spec, plan
+
+
+@dataclass
+class RunResult:
+    path: Path
+    seed: int
+    status: str
+    epochs: list[float] = field(default_factory=list)
+    accs: list[float] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)
+    info: dict = field(default_factory=dict)
+    wall_s: float | None = None
+
+    def last(self, key: str):
+        vals = [r[key] for r in self.rows if key in r]
+        return vals[-1] if vals else None
+
+    def series(self, key: str) -> tuple[list[float], list[float]]:
+        pts = [(r["epoch"], r[key]) for r in self.rows if key in r]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    @property
+    def diverged(self) -> bool:
+        loss = self.last("train/loss")
+        return self.status == "diverged" or (loss is not None and not math.isfinite(loss))
+
+    def metrics(self, total_epochs: float) -> dict[str, float | None]:
+        if self.diverged or not self.accs:
+            return {}
+        w = window(self.epochs, self.accs, total_epochs)
+        return {"final": self.accs[-1], "best": max(self.accs), "swing": swing(w),
+                "step_sd": step_sd(w), "loss": self.last("train_epoch/loss"),
+                "precise": self.last("val/acc_precise"), "train_s": self.last("time/train_s")}
+
+
+def load_run(d: Path, seed: int) -> RunResult | None:
+    """A finished run's logs, or None when the run is missing or unfinished."""
+    status = read_status(d)
+    if status not in ("completed", "diverged"):
+        return None
+    rows = read_jsonl(d / "metrics.jsonl")
+    ep, acc = zip(*[(r["epoch"], r["val/acc"]) for r in rows if "val/acc" in r],
+                  strict=True) if any("val/acc" in r for r in rows) else ((), ())
+    info = json.loads((d / "run.json").read_text())
+    sweep = json.loads((d / "sweep.json").read_text()) if (d / "sweep.json").is_file() else {}
+    return RunResult(d, seed, status, list(ep), list(acc), rows, info, sweep.get("wall_s"))
+
+
+@dataclass
+class CellResult:
+    cell: Cell
+    runs: list[RunResult]
+    expected: int
+
+    @property
+    def epochs(self) -> float:
+        return self.cell.cfg["epochs"]
+
+    def stat(self, key: str) -> Stat:
+        return Stat.of([r.metrics(self.epochs).get(key) for r in self.runs])
+
+    @property
+    def diverged(self) -> int:
+        return sum(r.diverged for r in self.runs)
+
+    def seeds_note(self) -> str:
+        """`3`, or `2/3` while seeds are missing, with diverged runs named."""
+        n = f"{len(self.runs)}" if len(self.runs) == self.expected else \
+            f"{len(self.runs)}/{self.expected}"
+        return n + (f" ({self.diverged} diverged)" if self.diverged else "")
+
+    def mean_curve(self) -> tuple[list[float], list[float], list[float], list[float]]:
+        """Val acc per evaluation: epochs, mean, min, max over the seeds that finished."""
+        good = [r for r in self.runs if not r.diverged and r.accs]
+        if not good:
+            return [], [], [], []
+        n = min(len(r.accs) for r in good)
+        cols = list(zip(*[r.accs[:n] for r in good], strict=True))
+        return (good[0].epochs[:n], [sum(c) / len(c) for c in cols], [min(c) for c in cols],
+                [max(c) for c in cols])
+
+
+def collect(spec: Spec, tag: str, root: Path = RUNS) -> list[CellResult]:
+    by_cell: dict[str, list[RunResult]] = {c.label: [] for c in spec.cells}
+    for cell, seed, d in plan(spec, tag, root):
+        r = load_run(d, seed)
+        if r is not None:
+            by_cell[cell.label].append(r)
+    return [CellResult(c, by_cell[c.label], len(c.seeds)) for c in spec.cells]
+
+
+def fmt(x, digits: int = 1) -> str:
+    return f"{x:.{digits}f}" if finite(x) else "-"

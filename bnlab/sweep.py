@@ -1,0 +1,248 @@
+"""Run an experiment's grid (cells x seeds) as separate `train.py` runs, N at a time.
+
+    python -m bnlab.sweep experiments/jitter/sweep.yaml --data ../shared/data/cifar10-mini
+
+A sweep spec (`experiments/<name>/sweep.yaml`) names a Hydra experiment config, the seeds,
+and its cells (a label and the overrides that make the cell). Each cell is composed first,
+so a typo fails before anything runs. A run's directory is named by a hash of its resolved
+config (keys that cannot change the result left out), under `experiments/runs/<data tag>/`:
+tables that share a cell share its runs, and a run that has finished (completed or
+diverged) is never run again, so an interrupted sweep picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from tqdm import tqdm
+
+from bnlab.errors import BnlabError
+from bnlab.rundir import read_status
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ROOT / "experiments" / "runs"
+FINAL = ("completed", "diverged")  # a run with this status is a result: never re-run
+# Config keys that do not change what a run computes (where it writes, how it reports).
+NOT_EXPERIMENT = ("name", "output_dir", "progress", "checkpoint", "log_every", "seed",
+                  "logger", "data.root", "data.download", "dist.threads", "dist.timeout_s",
+                  "dist.device", "dist.backend")
+RUN_ONLY = ["progress=false", "checkpoint=false"]
+
+
+@dataclass
+class Cell:
+    label: str
+    overrides: list[str]
+    seeds: list[int]
+    cfg: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)  # the spec's other keys (row, col, section...)
+
+    @property
+    def key(self) -> str:
+        """`<model>-<norm>-<ranks>x<batch>-<hash>`: readable, and unique per resolved config."""
+        c = _strip(self.cfg)
+        digest = hashlib.sha1(json.dumps(c, sort_keys=True).encode()).hexdigest()[:10]
+        world = self.cfg["dist"]["simulate"] * self.cfg["dist"]["nproc_per_node"]
+        return (f"{self.cfg['model']['name']}-{self.cfg['norm']['kind']}-{world}x"
+                f"{self.cfg['batch_per_gpu']}-{digest}")
+
+
+@dataclass
+class Spec:
+    name: str
+    title: str
+    experiment: str
+    cells: list[Cell]
+    path: Path
+    extra: dict = field(default_factory=dict)
+
+
+def _strip(cfg: dict) -> dict:
+    c = json.loads(json.dumps(cfg))
+    for dotted in NOT_EXPERIMENT:
+        *parents, leaf = dotted.split(".")
+        d = c
+        for p in parents:
+            d = d.get(p, {})
+        d.pop(leaf, None)
+    return c
+
+
+def compose(overrides: list[str]) -> dict:
+    """The resolved training config for these overrides, as train.py would build it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from bnlab import hydra_setup
+    from bnlab.config import validate
+
+    hydra_setup.register()
+    try:
+        with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+            cfg = OmegaConf.to_container(hydra_compose("train", overrides=overrides),
+                                         resolve=True)
+    except (HydraException, OmegaConfBaseException) as e:
+        first = str(e).strip().splitlines()[0]
+        raise BnlabError(f"the overrides {' '.join(overrides)} do not compose: {first}") from e
+    validate(cfg)
+    return cfg
+
+
+def data_overrides(data: str | None) -> list[str]:
+    """`--data DIR` reads CIFAR-10 from DIR and never downloads; without it, the default."""
+    return [f"data.root={Path(data).resolve()}", "data.download=false"] if data else []
+
+
+def load_spec(path: Path, data: str | None = None) -> Spec:
+    path = Path(path)
+    if not path.is_file():
+        raise BnlabError(f"no sweep spec at {path}; give experiments/<name>/sweep.yaml.")
+    raw = yaml.safe_load(path.read_text())
+    exp, seeds = raw["experiment"], raw.get("seeds", [0, 1, 2])
+    cells = []
+    for c in raw["cells"]:
+        ov = [f"experiment={exp}", *c.get("overrides", [])]
+        meta = {k: v for k, v in c.items() if k not in ("label", "overrides", "seeds")}
+        cell = Cell(c["label"], ov, c.get("seeds", seeds), meta=meta)
+        cell.cfg = compose(ov + data_overrides(data))
+        cells.append(cell)
+    extra = {k: v for k, v in raw.items() if k not in ("title", "experiment", "seeds", "cells")}
+    return Spec(path.parent.name, raw.get("title", path.parent.name), exp, cells, path, extra)
+
+
+def data_tag(cfg: dict) -> str:
+    """Which data the runs saw: `cifar10-<training images>` (or `synthetic-<n>`)."""
+    from bnlab.config import check_data
+    from bnlab.data import build_dataset
+
+    check_data(cfg)
+    d = build_dataset(cfg["data"])
+    return f"{cfg['data']['name']}-{len(d.train)}"
+
+
+def run_dir(tag: str, cell: Cell, seed: int, root: Path = RUNS) -> Path:
+    return root / tag / cell.key / f"seed{seed}"
+
+
+def set_aside(d: Path) -> Path:
+    """Move an unfinished run out of the way (kept, never deleted) so it can run again."""
+    i = 1
+    while (dest := d.with_name(f"{d.name}.unfinished-{i}")).exists():
+        i += 1
+    d.rename(dest)
+    return dest
+
+
+def launch(cell: Cell, seed: int, d: Path, data: str | None, threads: int,
+           extra: list[str]) -> tuple[str, float]:
+    """One train.py run in its own process; returns (status, wall seconds)."""
+    d.mkdir(parents=True)
+    cmd = [sys.executable, str(ROOT / "train.py"), *cell.overrides, *data_overrides(data),
+           f"seed={seed}", f"hydra.run.dir={d}", f"dist.threads={threads}", *RUN_ONLY, *extra]
+    t0 = time.perf_counter()
+    with open(d / "train.log", "w") as log:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
+    wall = time.perf_counter() - t0
+    status = read_status(d) or "failed"
+    if rc != 0 and status == "running":
+        status = "failed"
+    (d / "sweep.json").write_text(json.dumps({"cell": cell.label, "seed": seed, "rc": rc,
+                                              "wall_s": round(wall, 1), "threads": threads})
+                                  + "\n")
+    return status, wall
+
+
+def plan(specs: Spec | list[Spec], tag: str, root: Path = RUNS) -> list[tuple[Cell, int, Path]]:
+    """Every (cell, seed, dir), each dir once: cells with a higher `order` last, then
+    seed-major, so early results cover every cell."""
+    specs = [specs] if isinstance(specs, Spec) else specs
+    cells = [c for s in specs for c in s.cells]
+    seen, out = set(), []
+    for order in sorted({c.meta.get("order", 0) for c in cells}):
+        for seed in sorted({s for c in cells for s in c.seeds}):
+            for cell in cells:
+                d = run_dir(tag, cell, seed, root)
+                if cell.meta.get("order", 0) == order and seed in cell.seeds and d not in seen:
+                    seen.add(d)
+                    out.append((cell, seed, d))
+    return out
+
+
+def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | None = None,
+          root: Path = RUNS) -> dict[str, int]:
+    tag = data_tag(specs[0].cells[0].cfg)
+    name = "+".join(s.name for s in specs)
+    todo = []
+    for cell, seed, d in plan(specs, tag, root):
+        status = read_status(d)
+        if status in FINAL:
+            continue
+        if d.exists():
+            print(f"set aside unfinished run: {set_aside(d)}")
+        todo.append((cell, seed, d))
+    total = len(plan(specs, tag, root))
+    print(f"{name}: {total - len(todo)} of {total} runs already done under "
+          f"{root / tag}; running {len(todo)} with {jobs} job(s) in parallel")
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    counts: dict[str, int] = {}
+    with ThreadPoolExecutor(max_workers=jobs) as pool, \
+            tqdm(total=len(todo), desc=name, unit="run", dynamic_ncols=True) as bar:
+        futs = {pool.submit(launch, c, s, d, data, threads, extra or []): (c, s, d)
+                for c, s, d in todo}
+        for f in as_completed(futs):
+            cell, seed, d = futs[f]
+            status, wall = f.result()
+            counts[status] = counts.get(status, 0) + 1
+            bar.write(f"  {status:9s} {cell.label} seed {seed} ({wall:.0f} s)  {d}")
+            if status not in FINAL:
+                bar.write(f"    see {d / 'train.log'}")
+            bar.update(1)
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("specs", type=Path, nargs="+", help="experiments/<name>/sweep.yaml ...")
+    p.add_argument("--data", help="folder holding cifar-10-batches-py (no download)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="runs in parallel (default: one per core, one thread each)")
+    p.add_argument("--dry-run", action="store_true", help="list the runs and their state")
+    a = p.parse_args(argv)
+    try:
+        if a.jobs < 1:
+            raise BnlabError(f"--jobs={a.jobs} must be at least 1.")
+        specs = [load_spec(s, a.data) for s in a.specs]
+        if a.dry_run:
+            tag = data_tag(specs[0].cells[0].cfg)
+            for cell, seed, d in plan(specs, tag):
+                print(f"{read_status(d) or 'to run':10s} {cell.label:42s} seed {seed}  "
+                      f"{d.relative_to(ROOT) if d.is_relative_to(ROOT) else d}")
+            return 0
+        t0 = time.perf_counter()
+        counts = sweep(specs, a.data, a.jobs)
+    except BnlabError as e:
+        print(f"bnlab: error: {e}", file=sys.stderr)
+        return 2
+    print(("finished: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+           if counts else "nothing to run") + f" in {(time.perf_counter() - t0) / 60:.1f} min")
+    bad = sum(n for s, n in counts.items() if s not in FINAL)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
