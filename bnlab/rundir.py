@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import socket
 import subprocess
@@ -38,6 +39,24 @@ def versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             out[p] = None
     return out
+
+
+def machine() -> str:
+    """This machine in words: CPU model, cores, memory, and the GPU if torch sees one."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        mem = int(Path("/proc/meminfo").read_text().split()[1]) / 2**20
+        mem_s = f", {mem:.0f} GiB memory"
+    except (OSError, ValueError, IndexError):
+        mem_s = ""
+    import torch
+
+    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
+    return f"{cpu}, {os.cpu_count()} cores{mem_s}{gpu}"
 
 
 def write_run_info(run_dir: Path, cfg: dict, extra: dict) -> None:

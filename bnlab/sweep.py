@@ -16,6 +16,7 @@ import argparse
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -27,7 +28,7 @@ import yaml
 from tqdm import tqdm
 
 from bnlab.errors import BnlabError
-from bnlab.rundir import read_status
+from bnlab.rundir import machine, read_status
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "experiments" / "runs"
@@ -133,6 +134,15 @@ def data_tag(cfg: dict) -> str:
     return f"{cfg['data']['name']}-{len(d.train)}"
 
 
+def record_host(folder: Path) -> None:
+    """hosts.json: each host that ran runs here, described (the tables name the machine)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    f = folder / "hosts.json"
+    hosts = json.loads(f.read_text()) if f.is_file() else {}
+    hosts[socket.gethostname()] = machine()
+    f.write_text(json.dumps(hosts, indent=2, sort_keys=True) + "\n")
+
+
 def run_dir(tag: str, cell: Cell, seed: int, root: Path = RUNS) -> Path:
     return root / tag / cell.key / f"seed{seed}"
 
@@ -186,6 +196,7 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
           root: Path = RUNS) -> dict[str, int]:
     tag = data_tag(specs[0].cells[0].cfg)
     name = "+".join(s.name for s in specs)
+    record_host(root / tag)
     todo = []
     for cell, seed, d in plan(specs, tag, root):
         status = read_status(d)

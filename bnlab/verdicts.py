@@ -1,0 +1,223 @@
+"""Each claim's verdict, decided by a stated rule from the tables' numbers.
+
+The rules are written here once, in code, so a regenerated table can never disagree with
+the verdict printed beside it. `write_readme` replaces the block between the markers in
+experiments/README.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bnlab.results import CellResult
+
+BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
+NO_LEARNING = 15.0   # final val acc (%) below which a row did not learn (chance is 10%)
+
+
+@dataclass
+class Verdict:
+    claim: str
+    command: str
+    claimed: str
+    ours: str
+    verdict: str       # reproduced | partly | not reproduced | not run yet
+    why: str
+
+
+def _m(c: CellResult | None, key: str) -> float | None:
+    return None if c is None else c.stat(key).mean
+
+
+def _s(c: CellResult | None, key: str = "swing") -> str:
+    return "-" if c is None else c.stat(key).fmt()
+
+
+def _missing(*vals) -> bool:
+    return any(v is None for v in vals)
+
+
+def c1(t) -> Verdict:
+    bn, sb = t["jitter"].get("bn"), t["jitter"].get("syncbn")
+    a, b = _m(bn, "swing"), _m(sb, "swing")
+    ours = f"swing bn ±{_s(bn)}, syncbn ±{_s(sb)}"
+    if _missing(a, b):
+        return Verdict("C1", "make table-jitter", "bn ±10, syncbn ±2", ours, "not run yet", "")
+    ratio = a / max(b, 1e-9)
+    v = "reproduced" if ratio >= 2 and a >= 5 else "partly" if ratio >= 1.5 else \
+        "not reproduced"
+    return Verdict("C1", "make table-jitter", "bn ±10, syncbn ±2", ours, v,
+                   f"bn swings {ratio:.1f}x as much as syncbn (rule: reproduced if >= 2x and "
+                   "bn >= ±5; partly if >= 1.5x).")
+
+
+def c2(t) -> Verdict:
+    cells = t["batch"]
+    gaps = {b: (_m(cells.get(f"syncbn {b}"), "final"), _m(cells.get(f"bn {b}"), "final"))
+            for b in (2, 16, 32)}
+    if any(_missing(*g) for g in gaps.values()):
+        return Verdict("C2", "make table-batch", "16+ images per rank mostly restores BN",
+                       "-", "not run yet", "")
+    gap = {b: s - n for b, (s, n) in gaps.items()}
+    ours = ", ".join(f"syncbn - bn at {b}: {gap[b]:+.1f} pts" for b in (2, 16, 32))
+    v = "reproduced" if gap[16] <= 2 and gap[2] >= 5 else \
+        "partly" if gap[16] < gap[2] / 2 else "not reproduced"
+    return Verdict("C2", "make table-batch", "16+ images per rank mostly restores BN", ours, v,
+                   "Rule: reproduced if bn is within 2 points of syncbn at 16 images per rank "
+                   "while 5+ points behind at 2; partly if the gap at 16 is under half the "
+                   "gap at 2.")
+
+
+def c3(t) -> Verdict:
+    one, four = t["ranks"].get("1 rank x 8"), t["ranks"].get("4 ranks x 2")
+    a, b = _m(one, "swing"), _m(four, "swing")
+    ours = f"swing 1x8 ±{_s(one)}, 4x2 ±{_s(four)}; final acc {_s(one, 'final')} vs " \
+           f"{_s(four, 'final')}"
+    if _missing(a, b):
+        return Verdict("C3", "make table-ranks", "1x8 far more stable than 4x2", ours,
+                       "not run yet", "")
+    v = "reproduced" if b >= 2 * a else "partly" if b >= 1.5 * a else "not reproduced"
+    return Verdict("C3", "make table-ranks", "1x8 far more stable than 4x2", ours, v,
+                   f"4x2 swings {b / max(a, 1e-9):.1f}x as much as 1x8 (rule: >= 2x "
+                   "reproduced, >= 1.5x partly).")
+
+
+def c4(t) -> Verdict:
+    j = t["jitter"]
+    pairs = {"augmentation off": ("bn, augmentation off", "syncbn, augmentation off"),
+             "lr 0.1": ("bn, reports' setting (lr 0.1 constant)",
+                        "syncbn, reports' setting (lr 0.1 constant)")}
+    parts, outcomes = [], []
+    for name, (bl, sl) in pairs.items():
+        bn, sb = j.get(bl), j.get(sl)
+        a, b = _m(bn, "swing"), _m(sb, "swing")
+        fa, fb = _m(bn, "final"), _m(sb, "final")
+        if _missing(a, b, fa, fb):
+            parts.append(f"{name}: not run yet")
+            outcomes.append(None)
+            continue
+        parts.append(f"{name}: swing bn ±{_s(bn)}, syncbn ±{_s(sb)} (final acc {fa:.1f} / "
+                     f"{fb:.1f})")
+        if fb < NO_LEARNING:
+            outcomes.append("untestable")
+        else:
+            outcomes.append(a >= 1.5 * b)
+    if None in outcomes:
+        v, why = "not run yet", ""
+    elif outcomes == [True, True]:
+        v, why = "reproduced", "bn swings >= 1.5x syncbn in both variants."
+    elif True in outcomes:
+        v = "partly"
+        why = ("the effect survives with augmentation off; at lr 0.1 "
+               + ("syncbn does not learn either, so the swing there says nothing"
+                  if outcomes[1] == "untestable" else "it does not") + ".") \
+            if outcomes[0] is True else "the effect survives only at lr 0.1."
+    else:
+        v, why = "not reproduced", "bn does not swing >= 1.5x syncbn in the variants."
+    return Verdict("C4", "make table-jitter", "aug off / other lr do not remove it",
+                   "; ".join(parts), v, why)
+
+
+def c5(t) -> Verdict:
+    acc, big = t["ranks"].get("4 ranks x 2 + grad_accum 4"), t["ranks"].get("4 ranks x 8")
+    a, b = _m(acc, "swing"), _m(big, "swing")
+    fa, fb = _m(acc, "final"), _m(big, "final")
+    ours = f"swing 4x2+accum4 ±{_s(acc)} vs 4x8 ±{_s(big)}; final acc " \
+           f"{_s(acc, 'final')} vs {_s(big, 'final')}"
+    if _missing(a, b, fa, fb):
+        return Verdict("C5", "make table-ranks", "accumulation does not help BN", ours,
+                       "not run yet", "")
+    v = "reproduced" if a >= 1.5 * b or fb - fa >= 3 else "not reproduced"
+    return Verdict("C5", "make table-ranks", "accumulation does not help BN", ours, v,
+                   "Rule: reproduced if accumulation leaves a swing >= 1.5x that of the real "
+                   "batch of 8 per rank, or an accuracy 3+ points lower.")
+
+
+def c6(t) -> Verdict:
+    bn, fr = t["jitter"].get("bn"), t["jitter"].get("frozen_bn (after epoch 1)")
+    a, b = _m(bn, "swing"), _m(fr, "swing")
+    ours = f"swing bn ±{_s(bn)}, frozen ±{_s(fr)}; final acc {_s(bn, 'final')} vs " \
+           f"{_s(fr, 'final')}"
+    if _missing(a, b):
+        return Verdict("C6", "make table-jitter", "frozen BN much steadier", ours,
+                       "not run yet", "")
+    v = "reproduced" if b <= a / 2 else "partly" if b < a else "not reproduced"
+    return Verdict("C6", "make table-jitter", "frozen BN much steadier", ours, v,
+                   "Rule: reproduced if frozen BN halves the swing; partly if it lowers it.")
+
+
+def c8(t) -> Verdict:
+    pb = t["jitter"].get("bn + PreciseBN every epoch")
+    ema, pre = _m(pb, "final"), _m(pb, "precise")
+    ours = f"final acc with EMA statistics {_s(pb, 'final')}, after PreciseBN " \
+           f"{_s(pb, 'precise')}"
+    if _missing(ema, pre):
+        return Verdict("C8", "make table-jitter", "PreciseBN improves val acc", ours,
+                       "not run yet", "")
+    d = pre - ema
+    v = "reproduced" if d >= 1 else "partly" if d > 0 else "not reproduced"
+    return Verdict("C8", "make table-jitter", "PreciseBN improves val acc", ours, v,
+                   f"PreciseBN changes the final val acc by {d:+.1f} points (rule: >= +1 "
+                   "reproduced, > 0 partly).")
+
+
+def c9(t) -> Verdict:
+    j = t["jitter"]
+    gn, sb, bn = j.get("gn (32 groups)"), j.get("syncbn"), j.get("bn")
+    g, s, b = _m(gn, "swing"), _m(sb, "swing"), _m(bn, "swing")
+    fg, fs = _m(gn, "final"), _m(sb, "final")
+    ours = f"swing gn ±{_s(gn)}, syncbn ±{_s(sb)}, bn ±{_s(bn)}; final acc gn " \
+           f"{_s(gn, 'final')} vs syncbn {_s(sb, 'final')}"
+    if _missing(g, s, b, fg, fs):
+        return Verdict("C9", "make table-jitter", "GN steadiest, close to SyncBN", ours,
+                       "not run yet", "")
+    steady = g <= min(s, b) * 1.1
+    close = fs - fg <= 5
+    v = "reproduced" if steady and close else "partly" if steady or close else \
+        "not reproduced"
+    return Verdict("C9", "make table-jitter", "GN steadiest, close to SyncBN", ours, v,
+                   "Rule: steadiest = swing within 10% of the lowest of bn and syncbn; close "
+                   f"= within 5 points of syncbn's final acc. Steadiest: {steady}, close: "
+                   f"{close}.")
+
+
+def l1(t) -> Verdict:
+    cells = t["batch"]
+    vals = {(r, b): _m(cells.get(f"{r} {b}"), "final") for r in ("bn", "gn") for b in (2, 32)}
+    if _missing(*vals.values()):
+        return Verdict("L1", "make table-batch", "BN error grows below 8/GPU; GN flat", "-",
+                       "not run yet", "")
+    dbn = vals["bn", 32] - vals["bn", 2]
+    dgn = vals["gn", 32] - vals["gn", 2]
+    ours = f"val acc lost from 32 to 2 images per rank: bn {dbn:.1f}, gn {dgn:.1f} points " \
+           "(paper: 11.1 and 0.0 points of error)"
+    v = "reproduced" if dbn >= 5 and dgn <= dbn / 3 else "partly" if dgn < dbn else \
+        "not reproduced"
+    return Verdict("L1", "make table-batch", "BN error grows below 8/GPU; GN flat", ours, v,
+                   "Rule: reproduced if bn loses 5+ points from 32 to 2 and gn under a third "
+                   "of that; partly if gn loses less than bn.")
+
+
+RULES: list[Callable] = [c1, c2, c3, c4, c5, c6, c8, c9, l1]
+
+
+def verdicts(tables: dict[str, dict[str, CellResult]]) -> list[Verdict]:
+    return [rule(tables) for rule in RULES]
+
+
+def write_readme(tables: dict[str, dict[str, CellResult]], tag: str, path: Path) -> None:
+    rows = ["| claim | command | claimed | ours | verdict | why |", "|---|---|---|---|---|---|"]
+    for v in verdicts(tables):
+        rows.append(f"| {v.claim} | `{v.command}` | {v.claimed} | {v.ours} | **{v.verdict}** "
+                    f"| {v.why} |")
+    block = "\n".join([BEGIN, f"Generated by `make report` from the runs in "
+                       f"`experiments/runs/{tag}/`; the rules are in `bnlab/verdicts.py`.", "",
+                       *rows, END])
+    text = path.read_text() if path.is_file() else f"# experiments\n\n{BEGIN}\n{END}\n"
+    if BEGIN not in text:
+        text += f"\n{BEGIN}\n{END}\n"
+    head, rest = text.split(BEGIN, 1)
+    path.write_text(head + block + rest.split(END, 1)[1])
+    print(f"wrote the claims' verdicts into {path}")

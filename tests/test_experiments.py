@@ -1,0 +1,222 @@
+"""The experiment machinery: swing, the sweep runner, tables from logs, and a smoke run of
+every cell of every experiment for a few steps."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from bnlab import dist, trainer
+from bnlab.analysis import MIN_EVALS, Stat, step_sd, swing, window
+from bnlab.errors import BnlabError
+from bnlab.results import collect
+from bnlab.rundir import read_status, set_status
+from bnlab.sweep import ROOT, Cell, Spec, compose, load_spec, plan, sweep
+from bnlab.tables import build
+from bnlab.verdicts import verdicts
+from conftest import CIFAR_MINI, needs_cifar, run_entry
+
+SPECS = sorted((ROOT / "experiments").glob("*/sweep.yaml"))
+
+
+# -- swing ---------------------------------------------------------------------------------
+
+def test_swing_is_half_the_range_over_the_last_40_percent():
+    epochs = [i / 5 for i in range(1, 26)]  # 5 evaluations per epoch, 5 epochs
+    accs = [50.0] * 14 + [40.0, 60.0, 45.0, 55.0, 50.0, 52.0, 48.0, 50.0, 51.0, 49.0, 50.0]
+    w = window(epochs, accs, 5)
+    assert len(w) == 11 and w[0] == 40.0  # from epoch 3.0 (60% of 5) on
+    assert swing(w) == 10.0
+    diffs = [b - a for a, b in zip(w, w[1:], strict=False)]
+    mean = sum(diffs) / len(diffs)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
+    assert step_sd(w) == pytest.approx(sd)
+
+
+def test_swing_refuses_too_few_evaluations():
+    with pytest.raises(ValueError, match=str(MIN_EVALS)):
+        swing([1.0] * (MIN_EVALS - 1))
+
+
+def test_stat_counts_only_finite_values():
+    s = Stat.of([1.0, 3.0, float("nan"), None])
+    assert (s.mean, s.n) == (2.0, 2) and s.std == pytest.approx(math.sqrt(2))
+    assert Stat.of([None]).fmt() == "-"
+
+
+# -- sweep specs -----------------------------------------------------------------------------
+
+def test_runs_are_keyed_by_the_resolved_config():
+    jitter = load_spec(ROOT / "experiments/jitter/sweep.yaml")
+    batch = load_spec(ROOT / "experiments/batch/sweep.yaml")
+    ranks = load_spec(ROOT / "experiments/ranks/sweep.yaml")
+    j = {c.label: c.key for c in jitter.cells}
+    b = {c.label: c.key for c in batch.cells}
+    r = {c.label: c.key for c in ranks.cells}
+    # The same experiment reached through different specs and names shares its runs...
+    assert j["bn"] == b["bn 2"] == r["4 ranks x 2"]
+    assert j["syncbn"] == b["syncbn 2"] and j["gn (32 groups)"] == b["gn 2"]
+    assert r["4 ranks x 8"] == b["bn 8"]
+    # ...and anything that changes the computation changes the key.
+    assert len(set(j.values())) == len(j)
+    assert r["4 ranks x 2 + grad_accum 4"] != b["bn 8"]
+    same = compose(["experiment=jitter", "log_every=7", "name=other", "progress=false"])
+    assert Cell("x", [], [0], same).key == j["bn"]
+
+
+def test_a_cell_that_does_not_compose_fails_before_anything_runs(tmp_path):
+    spec = tmp_path / "bad" / "sweep.yaml"
+    spec.parent.mkdir()
+    spec.write_text("experiment: jitter\ncells:\n  - {label: x, overrides: [norm=nope]}\n")
+    with pytest.raises(BnlabError, match="norm=nope"):
+        load_spec(spec)
+    spec.write_text("experiment: jitter\ncells:\n  - {label: x, overrides: [batch_per_gpu=0]}\n")
+    with pytest.raises(BnlabError, match="batch_per_gpu"):
+        load_spec(spec)
+
+
+def test_plan_runs_every_cell_once_seed_major_and_expensive_cells_last():
+    specs = [load_spec(p) for p in SPECS]
+    steps = plan(specs, "tag")
+    dirs = [d for _, _, d in steps]
+    assert len(dirs) == len(set(dirs))
+    expected = {(c.key, s) for sp in specs for c in sp.cells for s in c.seeds}
+    assert {(d.parent.name, int(d.name[4:])) for d in dirs} == expected
+    orders = [c.meta.get("order", 0) for c, _, _ in steps]
+    assert orders == sorted(orders)
+    first = [s for c, s, _ in steps if c.meta.get("order", 0) == 0]
+    assert first == sorted(first)
+
+
+def tiny_spec(tmp_path: Path) -> Spec:
+    """Two cells on generated data, a few steps each: the runner's real code path."""
+    spec = tmp_path / "tiny" / "sweep.yaml"
+    spec.parent.mkdir()
+    ov = ("[model=resnet20, data=synthetic, data.num_train=64, data.num_val=32, epochs=1, "
+          "batch_per_gpu=4, eval_every=1, dist.simulate=2, diagnostics.enabled=false{}]")
+    spec.write_text("experiment: demo\nseeds: [0]\ncells:\n"
+                    f"  - {{label: a, overrides: {ov.format('')}}}\n"
+                    f"  - {{label: b, overrides: {ov.format(', norm=gn, norm.cap_groups=true')}}}"
+                    "\n")
+    return load_spec(spec)
+
+
+def test_sweep_runs_cells_skips_finished_ones_and_sets_unfinished_aside(tmp_path):
+    spec = tiny_spec(tmp_path)
+    root = tmp_path / "runs"
+    assert sweep([spec], None, jobs=2, root=root) == {"completed": 2}
+    dirs = [d for _, _, d in plan(spec, "synthetic-64", root)]
+    assert all(read_status(d) == "completed" for d in dirs)
+    assert json.loads((dirs[0] / "sweep.json").read_text())["rc"] == 0
+    assert (root / "synthetic-64" / "hosts.json").is_file()
+    before = (dirs[0] / "metrics.jsonl").read_text()
+    assert sweep([spec], None, jobs=2, root=root) == {}  # nothing re-run, nothing touched
+    assert (dirs[0] / "metrics.jsonl").read_text() == before
+    set_status(dirs[1], "running")  # as if the machine died mid-run
+    assert sweep([spec], None, jobs=1, root=root) == {"completed": 1}
+    kept = dirs[1].with_name("seed0.unfinished-1")
+    assert kept.is_dir() and read_status(kept) == "running"
+    assert read_status(dirs[1]) == "completed"
+
+
+# -- tables from logs ------------------------------------------------------------------------
+
+def fake_run(d: Path, accs: list[float], loss: float = 1.0, status: str = "completed",
+             precise: float | None = None) -> None:
+    """A run directory as the trainer writes it, with chosen val acc values."""
+    d.mkdir(parents=True)
+    rows = [{"step": i, "epoch": (i + 1) / 5, "val/acc": a} for i, a in enumerate(accs)]
+    rows.append({"step": 99, "epoch": 5, "train/loss": loss, "train_epoch/loss": loss,
+                 "time/train_s": 10.0, **({"val/acc_precise": precise} if precise else {})})
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "run.json").write_text(json.dumps({"commit": "abc", "host": "h", "device": "cpu"}))
+    (d / "sweep.json").write_text(json.dumps({"wall_s": 60.0}))
+    set_status(d, status)
+
+
+def test_tables_and_verdicts_are_computed_from_the_logs(tmp_path):
+    root, tag = tmp_path / "runs", "cifar10-test"
+    spec = load_spec(ROOT / "experiments/jitter/sweep.yaml")
+    cells = {c.label: c for c in spec.cells}
+    flat = [30.0] * 14
+    for seed in (0, 1, 2):
+        d = root / tag / cells["bn"].key / f"seed{seed}"
+        fake_run(d, flat + [20.0, 40.0 + seed] + [30.0] * 9)  # swing 10 + seed / 2
+        fake_run(root / tag / cells["syncbn"].key / f"seed{seed}", flat + [29.0, 31.0] + flat[:9])
+    fake_run(root / tag / cells["ln"].key / "seed0", flat * 2, loss=float("nan"),
+             status="diverged")
+    out = tmp_path / "out"
+    res = build("jitter", tag, root, out)
+    text = (out / "table.md").read_text()
+    assert res["bn"].stat("swing").fmt() == "10.5 ± 0.5"
+    assert "| bn | 3 | 30.0 ± 0.0 | 41.0 ± 1.0 | 10.5 ± 0.5 |" in text
+    assert "| syncbn | 3 | 30.0 ± 0.0 | 31.0 ± 0.0 | 1.0 ± 0.0 |" in text
+    assert "| ln | 1/3 (1 diverged) | - |" in text  # diverged: shown as such, not dropped
+    assert "3 of 3" not in text and "7 of 38 finished" in text
+    assert (out / "jitter.png").stat().st_size > 10_000
+    c1 = next(v for v in verdicts({"jitter": res, "batch": {}, "ranks": {}}) if v.claim == "C1")
+    assert c1.verdict == "reproduced" and "10.5x" in c1.why
+
+
+def test_tables_without_runs_say_so(tmp_path):
+    res = build("ranks", "none", tmp_path / "runs", tmp_path / "out")
+    assert all(not c.runs for c in res.values())
+    assert "No finished runs yet" in (tmp_path / "out" / "table.md").read_text()
+
+
+# -- every experiment config, a few steps ----------------------------------------------------
+
+def smoke_cfg(cell: Cell) -> dict:
+    cfg = json.loads(json.dumps(cell.cfg))
+    micro = cfg["batch_per_gpu"] * cfg["dist"]["simulate"] * cfg["dist"]["nproc_per_node"]
+    cfg["data"].update(root=str(CIFAR_MINI), download=False, val_limit=64,
+                       train_limit=2 * micro * cfg["grad_accum"])
+    cfg.update(epochs=1, eval_every=1, max_steps=0, progress=False, checkpoint=False)
+    cfg["precise_bn"]["num_samples"] = micro // cfg["batch_per_gpu"] * cfg["precise_bn"]["batch"]
+    return cfg
+
+
+def unique_cells(real: bool) -> list[Cell]:
+    seen, out = set(), []
+    for p in SPECS:
+        for c in load_spec(p).cells:
+            if c.key not in seen and (c.cfg["dist"]["nproc_per_node"] > 1) == real:
+                seen.add(c.key)
+                out.append(c)
+    return out
+
+
+@needs_cifar
+@pytest.mark.parametrize("cell", unique_cells(real=False), ids=lambda c: c.key)
+def test_every_experiment_cell_trains_a_few_steps(cell, tmp_path):
+    cfg = smoke_cfg(cell)
+    env = dist.init("cpu", "auto", 60, 0)
+    res = trainer.run(cfg, tmp_path, env)
+    assert read_status(tmp_path) == "completed"
+    assert math.isfinite(res["val/acc"])
+    if cfg["precise_bn"]["every"]:
+        assert "val/acc_precise" in res
+
+
+@needs_cifar
+def test_real_ddp_experiment_cells_run_a_few_steps(tmp_path):
+    for cell in unique_cells(real=True):
+        cfg = smoke_cfg(cell)
+        args = [*cell.overrides, f"data.root={CIFAR_MINI}", "data.download=false",
+                f"data.train_limit={cfg['data']['train_limit']}", "data.val_limit=64",
+                "epochs=1", "eval_every=1", "max_steps=0", "progress=false",
+                "checkpoint=false", f"hydra.run.dir={tmp_path / cell.key}"]
+        p = run_entry("train.py", *args, cwd=tmp_path)
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert read_status(tmp_path / cell.key) == "completed"
+        assert json.loads((tmp_path / cell.key / "run.json").read_text())["processes"] == 4
+
+
+def test_collect_ignores_unfinished_runs(tmp_path):
+    spec = load_spec(ROOT / "experiments/ranks/sweep.yaml")
+    cell = spec.cells[0]
+    fake_run(tmp_path / "t" / cell.key / "seed0", [1.0] * 25, status="running")
+    assert collect(spec, "t", tmp_path)[0].runs == []
