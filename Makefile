@@ -8,10 +8,13 @@ DEMO_DIR := outputs/demo/$(STAMP)
 export BNLAB_TEST_DATA ?= $(abspath ../shared/data/cifar10-mini)
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-slow lint demo bench-sim clean
+.PHONY: help install test test-slow lint demo bench-sim clean table-jitter table-batch table-ranks \
+	tables report
+JOBS ?= $(shell nproc 2>/dev/null || echo 1)
+SWEEP = $(PY) -m bnlab.sweep $(if $(DATA),--data $(DATA)) --jobs $(JOBS)
 
 help: ## list the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
 install: ## install everything with uv from uv.lock (into .venv)
 	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install -q uv
@@ -34,6 +37,25 @@ demo: install ## short training run + table + plot (synthetic data; DATA=<dir> f
 
 bench-sim: install ## step time: simulated vs real gloo DDP, SyncBN vs BN (prints ratios)
 	$(PY) benchmarks/sim_vs_ddp.py
+
+table-jitter: install ## C1 C4 C6 C8 C9: sweep (DATA=<cifar dir>, JOBS=N) + experiments/jitter/table.md
+	$(SWEEP) experiments/jitter/sweep.yaml
+	$(PY) -m bnlab.tables jitter
+
+table-batch: install ## C2 L1: val acc by images per rank + experiments/batch/table.md
+	$(SWEEP) experiments/batch/sweep.yaml
+	$(PY) -m bnlab.tables batch
+
+table-ranks: install ## C3 C5: 1 rank vs 4, grad accumulation + experiments/ranks/table.md
+	$(SWEEP) experiments/ranks/sweep.yaml
+	$(PY) -m bnlab.tables ranks
+
+tables: install ## all three sweeps in one pool (shared cells run once), then every table
+	$(SWEEP) experiments/jitter/sweep.yaml experiments/ranks/sweep.yaml experiments/batch/sweep.yaml
+	$(PY) -m bnlab.tables all
+
+report: install ## regenerate every table, plot and verdict from existing runs (no training)
+	$(PY) -m bnlab.tables all
 
 clean: ## remove outputs/ (all run directories)
 	rm -rf outputs

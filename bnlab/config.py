@@ -5,6 +5,7 @@ Each failure is one sentence that names the key and the allowed values.
 
 from __future__ import annotations
 
+import json
 import os
 from numbers import Real
 from pathlib import Path
@@ -17,9 +18,41 @@ from bnlab.models import MODELS
 from bnlab.norms import NORMS
 from bnlab.optim import SCHEDULES
 from bnlab.precise_bn import ESTIMATORS, POOLINGS
-from bnlab.rundir import read_status
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
+RESUME_MODES = ("auto", "never")
+# Keys that cannot change what a run computes: where it writes and how it reports.
+NOT_EXPERIMENT = ("name", "output_dir", "progress", "checkpoint", "checkpoint_every", "log_every",
+                  "resume", "logger", "data.root", "data.download", "dist.threads",
+                  "dist.timeout_s", "dist.device", "dist.backend")
+# ...and, for resuming, keys that change what is measured or when training stops, not the
+# training itself.
+RESUME_MAY_CHANGE = (*NOT_EXPERIMENT, "max_steps", "eval_every", "diagnostics", "on_nan",
+                     "data.val_limit", "data.eval_batch")
+
+
+def without(cfg: dict, keys) -> dict:
+    """A deep copy of `cfg` with the dotted `keys` removed."""
+    c = json.loads(json.dumps(cfg))
+    for dotted in keys:
+        *parents, leaf = dotted.split(".")
+        d = c
+        for p in parents:
+            d = d.get(p, {})
+        d.pop(leaf, None)
+    return c
+
+
+def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two configs."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += changed_keys(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}")
+    return out
 
 
 def _is_int(v) -> bool:
@@ -63,6 +96,10 @@ def validate(cfg: dict) -> None:
     _pos_int(cfg, "batch_per_gpu", "a positive integer (images per rank per micro-batch)")
     _pos_int(cfg, "grad_accum", "a positive integer (micro-batches per optimizer step)")
     _pos_int(cfg, "max_steps", "a whole number of optimizer steps (0 = all epochs)", minimum=0)
+    _pos_int(cfg, "checkpoint_every", "a whole number of optimizer steps (0 = epoch ends only)",
+             minimum=0)
+    _choice(cfg, "resume", RESUME_MODES)
+    _choice(cfg, "on_nan", ("stop", "continue"))
     _pos_int(cfg, "epochs")
     _pos_int(cfg, "eval_every", "a positive integer (evaluations per epoch)")
     _pos_int(cfg, "log_every", "a positive integer (optimizer steps between log lines)")
@@ -136,16 +173,6 @@ def world_size(cfg: dict) -> int:
     """Ranks of the run: real (torchrun or nproc_per_node) or simulated."""
     d = cfg["dist"]
     return int(os.environ.get("WORLD_SIZE", d["nproc_per_node"])) * d["simulate"]
-
-
-def check_run_dir(run_dir: Path) -> None:
-    """Never write into a directory that already holds a run."""
-    status = read_status(run_dir)
-    if status is not None:
-        raise BnlabError(
-            f"the run directory {run_dir} already holds a {status} run; choose another "
-            "hydra.run.dir (or delete that directory yourself)."
-        )
 
 
 def check_data(cfg: dict) -> None:

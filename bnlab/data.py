@@ -236,9 +236,11 @@ class TrainLoader:
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         return (x.float().div_(255) - self.mean) / self.std
 
-    def epoch(self, epoch: int) -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
+    def epoch(self, epoch: int, start: int = 0
+              ) -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
+        """The epoch's optimizer steps from step `start` on (a resumed run skips the rest)."""
         plan = EpochPlan.make(len(self.split), self.seed, epoch)
-        for step in range(self.steps_per_epoch):
+        for step in range(start, self.steps_per_epoch):
             micro = []
             for m in range(self.k):
                 pos = self.positions(step, m)

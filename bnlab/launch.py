@@ -7,21 +7,26 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from bnlab import dist, trainer
-from bnlab.config import check_data, check_run_dir, validate, world_size
+from bnlab import dist, resume, trainer
+from bnlab.config import check_data, validate, world_size
 from bnlab.diagnostics import at_risk, risk_message
 from bnlab.errors import BnlabError
 from bnlab.norms import RankBatchNorm2d, bn_value_counts
+from bnlab.rundir import read_status, set_status
 
-EXIT_BAD_INPUT = 2
-EXIT_DIVERGED = 3
+EXIT_FAILED = 1      # a rank failed (error, or a peer died); relaunch to resume
+EXIT_BAD_INPUT = 2   # refused before anything started; nothing written
+EXIT_DIVERGED = 3    # NaN/inf training loss with on_nan=stop
+EXIT_PREEMPTED = 75  # SIGTERM/SIGUSR1: checkpointed; relaunch the same command to resume
 
 
 def fail(msg: str, run_dir: Path | None = None, root: Path | None = None) -> None:
@@ -36,13 +41,15 @@ def fail(msg: str, run_dir: Path | None = None, root: Path | None = None) -> Non
     raise SystemExit(EXIT_BAD_INPUT)
 
 
-def preflight(cfg: dict, run_dir: Path) -> dict[str, int]:
+def preflight(cfg: dict, run_dir: Path) -> tuple[dict[str, int], bool]:
     """Everything that can be checked before a process group or file exists.
 
-    Returns the values per channel that each BN layer normalizes over on one rank.
+    Returns the values per channel that each BN layer normalizes over on one rank, and
+    whether this launch resumes the unfinished run in `run_dir`.
     """
     validate(cfg)
-    check_run_dir(run_dir)
+    resuming = resume.plan(run_dir, cfg)
+    check_writable(run_dir)
     check_data(cfg)
     model = trainer.build_net(cfg)  # also checks GroupNorm groups against every layer
     world = world_size(cfg)
@@ -60,22 +67,41 @@ def preflight(cfg: dict, run_dir: Path) -> dict[str, int]:
             f"{counts[worst]} value per channel per rank, which BN cannot normalize; use "
             "norm=syncbn with more ranks, norm=gn, or a larger batch_per_gpu."
         )
-    return counts
+    return counts, resuming
 
 
-def worker(cfg: dict, run_dir: str, meta: dict) -> dict:
-    """One rank: join the group, train, leave. Bad input found here is returned, not raised."""
+def check_writable(run_dir: Path) -> None:
+    """The run directory (Hydra has made it) must take files."""
+    probe = run_dir / f".write-test-{os.getpid()}"
+    try:
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise BnlabError(f"cannot write to the run directory {run_dir} ({e.strerror}); choose "
+                         "a writable output_dir or hydra.run.dir.") from None
+
+
+def worker(cfg: dict, run_dir: str, meta: dict, resuming: bool = False) -> dict:
+    """One rank: join the group, train, leave. Bad input found here is returned, not raised;
+    any other failure marks the run failed (a checkpoint, if any, lets it resume)."""
     d = cfg["dist"]
     env = dist.init(d["device"], d["backend"], d["timeout_s"], d["threads"])
     try:
-        result = {"ok": True, **trainer.run(cfg, Path(run_dir), env, meta)}
+        result = {"ok": True, **trainer.run(cfg, Path(run_dir), env, meta, resuming)}
     except BnlabError as e:  # raised identically on every rank, before any collective
         result = {"ok": False, "error": str(e)}
-    except BaseException:
+    except BaseException as e:
+        mark_failed(Path(run_dir), f"rank {env.rank}: {type(e).__name__}: {e}")
         dist.teardown(wait_for_others=False)  # the other ranks may never get here
         raise
     dist.teardown()
     return result
+
+
+def mark_failed(run_dir: Path, error: str) -> None:
+    """Any rank that fails marks a running run failed (rank 0 may be the one that died)."""
+    if read_status(run_dir) == "running":
+        set_status(run_dir, "failed", error=error.splitlines()[0][:300] if error else "")
 
 
 def main(cfg: DictConfig) -> dict:
@@ -89,7 +115,7 @@ def main(cfg: DictConfig) -> dict:
         if dist.under_torchrun() and hc.mode == RunMode.MULTIRUN:
             raise BnlabError("a Hydra multirun (-m) cannot run under torchrun; launch it with "
                              "python and set dist.nproc_per_node=N to give each job N ranks.")
-        counts = preflight(c, run_dir)
+        counts, resuming = preflight(c, run_dir)
     except BnlabError as e:
         fail(str(e), run_dir, Path(c["output_dir"]))
     nproc = c["dist"]["nproc_per_node"]
@@ -97,15 +123,29 @@ def main(cfg: DictConfig) -> dict:
     meta = {"launcher": launcher, "overrides": list(hc.overrides.task),
             "bn_values_per_channel": counts}
     if launcher == "local":
-        result = dist.launch_local(worker, nproc, c, str(run_dir), meta)[0]
+        try:
+            result = dist.launch_local(worker, nproc, c, str(run_dir), meta, resuming)[0]
+        except ChildFailedError as e:
+            mark_failed(run_dir, "a rank process failed")
+            first = next(iter(e.failures.values()), None)
+            how = f"exit code {first.exitcode}" if first is not None else "failed"
+            dist.print0(f"bnlab: error: a rank process failed ({how}) and the others were "
+                        f"stopped; the run in {run_dir} is marked failed; relaunch the same "
+                        "command to resume it from its last checkpoint.", file=sys.stderr)
+            raise SystemExit(EXIT_FAILED) from None
     else:
-        result = worker(c, str(run_dir), meta)
+        result = worker(c, str(run_dir), meta, resuming)
     if not result["ok"]:
-        fail(result["error"], run_dir, Path(c["output_dir"]))
+        fail(result["error"], run_dir if not resuming else None, Path(c["output_dir"]))
     dist.print0(f"run directory: {run_dir}")
-    if result.get("diverged_at"):
-        dist.print0(f"bnlab: training diverged (non-finite loss) by step {result['diverged_at']}; "
-                    f"the run is marked diverged in {run_dir / 'status.json'}.", file=sys.stderr)
+    stopped = result.get("stopped")
+    if stopped == "diverged":
+        dist.print0(f"bnlab: training diverged (non-finite loss) at step {result['step']}; the "
+                    f"run is marked diverged in {run_dir / 'status.json'}.", file=sys.stderr)
         if hc.mode != RunMode.MULTIRUN:  # in a multirun the other jobs go on
             raise SystemExit(EXIT_DIVERGED)
+    if stopped == "preempted":
+        dist.print0(f"bnlab: preempted: checkpointed at step {result['step']}; relaunch the "
+                    f"same command (same hydra.run.dir) to resume {run_dir}.", file=sys.stderr)
+        raise SystemExit(EXIT_PREEMPTED)
     return result

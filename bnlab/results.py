@@ -38,8 +38,9 @@ class RunResult:
 
     @property
     def diverged(self) -> bool:
-        loss = self.last("train/loss")
-        return self.status == "diverged" or (loss is not None and not math.isfinite(loss))
+        # The logger writes a NaN or infinite value as null.
+        losses = [r["train/loss"] for r in self.rows if "train/loss" in r]
+        return self.status == "diverged" or any(v is None or not math.isfinite(v) for v in losses)
 
     def metrics(self, total_epochs: float) -> dict[str, float | None]:
         if self.diverged or not self.accs:

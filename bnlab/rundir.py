@@ -67,14 +67,38 @@ def write_run_info(run_dir: Path, cfg: dict, extra: dict) -> None:
     (run_dir / "run.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
+def note_resume(run_dir: Path, step: int, dropped_lines: int) -> None:
+    """Add this resume (when, from which step, this commit) to run.json's `resumed` list."""
+    path = Path(run_dir) / "run.json"
+    info = json.loads(path.read_text()) if path.is_file() else {}
+    info.setdefault("resumed", []).append({
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "from_step": step,
+        "metrics_lines_dropped": dropped_lines, "commit": git_commit(),
+        "host": socket.gethostname()})
+    path.write_text(json.dumps(info, indent=2) + "\n")
+
+
 def set_status(run_dir: Path, status: str, **detail) -> None:
+    """status.json, replaced atomically; a running run also names its process and host."""
     assert status in STATUSES, status
-    (Path(run_dir) / "status.json").write_text(json.dumps({"status": status, **detail}) + "\n")
+    if status == "running":
+        detail = {"pid": os.getpid(), "host": socket.gethostname(), **detail}
+    rec = {"status": status, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **detail}
+    path = Path(run_dir) / "status.json"
+    tmp = path.with_name(f".status.json.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(rec) + "\n")
+    os.replace(tmp, path)
+
+
+def read_status_full(run_dir: Path) -> dict | None:
+    p = Path(run_dir) / "status.json"
+    try:
+        rec = json.loads(p.read_text())
+        return rec if isinstance(rec, dict) and "status" in rec else None
+    except (OSError, ValueError):
+        return None
 
 
 def read_status(run_dir: Path) -> str | None:
-    p = Path(run_dir) / "status.json"
-    try:
-        return json.loads(p.read_text())["status"]
-    except (OSError, ValueError, KeyError):
-        return None
+    rec = read_status_full(run_dir)
+    return None if rec is None else rec["status"]

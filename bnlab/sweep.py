@@ -27,16 +27,14 @@ from pathlib import Path
 import yaml
 from tqdm import tqdm
 
+from bnlab.config import NOT_EXPERIMENT, without
 from bnlab.errors import BnlabError
 from bnlab.rundir import machine, read_status
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "experiments" / "runs"
 FINAL = ("completed", "diverged")  # a run with this status is a result: never re-run
-# Config keys that do not change what a run computes (where it writes, how it reports).
-NOT_EXPERIMENT = ("name", "output_dir", "progress", "checkpoint", "log_every", "seed",
-                  "logger", "data.root", "data.download", "dist.threads", "dist.timeout_s",
-                  "dist.device", "dist.backend")
+NEUTRAL = {"on_nan": "stop"}
 RUN_ONLY = ["progress=false", "checkpoint=false"]
 
 
@@ -51,7 +49,10 @@ class Cell:
     @property
     def key(self) -> str:
         """`<model>-<norm>-<ranks>x<batch>-<hash>`: readable, and unique per resolved config."""
-        c = _strip(self.cfg)
+        c = without(self.cfg, (*NOT_EXPERIMENT, "seed"))
+        for k, v in NEUTRAL.items():  # keys added later, at the value that runs had before
+            if c.get(k) == v:
+                c.pop(k)
         digest = hashlib.sha1(json.dumps(c, sort_keys=True).encode()).hexdigest()[:10]
         world = self.cfg["dist"]["simulate"] * self.cfg["dist"]["nproc_per_node"]
         return (f"{self.cfg['model']['name']}-{self.cfg['norm']['kind']}-{world}x"
@@ -66,17 +67,6 @@ class Spec:
     cells: list[Cell]
     path: Path
     extra: dict = field(default_factory=dict)
-
-
-def _strip(cfg: dict) -> dict:
-    c = json.loads(json.dumps(cfg))
-    for dotted in NOT_EXPERIMENT:
-        *parents, leaf = dotted.split(".")
-        d = c
-        for p in parents:
-            d = d.get(p, {})
-        d.pop(leaf, None)
-    return c
 
 
 def compose(overrides: list[str]) -> dict:

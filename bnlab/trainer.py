@@ -28,7 +28,9 @@ from bnlab.models import build_model
 from bnlab.norms import convert_norm, set_epoch
 from bnlab.optim import build_optimizer
 from bnlab.precise_bn import recalibrate
-from bnlab.rundir import set_status, write_run_info
+from bnlab.preempt import StopRequest
+from bnlab.resume import load_latest, rank_state, restore, truncate_metrics
+from bnlab.rundir import note_resume, set_status, write_run_info
 from bnlab.simulate import SimulatedDDP
 
 
@@ -164,8 +166,30 @@ class Clock:
         return self.total
 
 
-def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None) -> dict:
-    """Train one run; rank 0 writes everything under `run_dir`. Returns the final metrics."""
+def save_checkpoint(run_dir: Path, cfg: dict, model: nn.Module, opt, sched,
+                    meters: list[Meter], env: dist.DistEnv, epoch: int, step_in_epoch: int,
+                    step: int) -> None:
+    """Everything needed to resume exactly at this step boundary (collective; rank 0 writes).
+
+    `epoch`/`step_in_epoch`: where training continues (0-based epoch, steps done in it).
+    """
+    ranks = rank_state(model, meters, env)
+    ranks_bn = rank_running_stats(model, env) if env.world * cfg["dist"]["simulate"] > 1 else []
+    if env.is_main:
+        checkpoint.save(run_dir / checkpoint.CHECKPOINT, {
+            "model": model_state(model), "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(), "epoch": epoch, "step": step,
+            "config": yaml.safe_dump(cfg, sort_keys=False),
+            "rank_bn_stats": ranks_bn,  # every rank's running statistics (C7)
+            "resume": {"epoch": epoch, "step_in_epoch": step_in_epoch, "ranks": ranks,
+                       "model": model.state_dict()},
+        })
+
+
+def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
+        resuming: bool = False) -> dict:
+    """Train one run; rank 0 writes everything under `run_dir`. Returns the final metrics,
+    with `stopped` = completed | diverged | preempted and the step."""
     run_dir = Path(run_dir)
     data = build_dataset(cfg["data"])
     model = build_net(cfg).to(env.device)
@@ -186,89 +210,104 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None) -
     evals = eval_points(spe, cfg["eval_every"])
     opt, sched = build_optimizer(cfg["optim"], model, spe, cfg["epochs"])
     val = data.val.to(env.device)
+    step_meter, epoch_meter = Meter(env.device), Meter(env.device)
+    meters = [step_meter, epoch_meter]
 
+    ckpt = load_latest(run_dir) if resuming else None  # after wrap: own buffers win over DDP's
+    epoch0, start, step = restore(ckpt, model, opt, sched, meters, env) if ckpt else (0, 0, 0)
     if env.is_main:
-        write_run_info(run_dir, cfg, {"world": ranks, "simulated": sim > 1,
-                                      "processes": env.world, "device": str(env.device),
-                                      "backend": env.backend, "steps_per_epoch": spe,
-                                      **(meta or {})})
-        set_status(run_dir, "running")
+        info = {"world": ranks, "simulated": sim > 1, "processes": env.world,
+                "device": str(env.device), "backend": env.backend, "steps_per_epoch": spe,
+                **(meta or {})}
+        if resuming:
+            dropped = truncate_metrics(run_dir, step)
+            note_resume(run_dir, step, dropped)
+            dist.print0(f"resuming {run_dir} at step {step} (epoch {epoch0 + 1}, step "
+                        f"{start} of {spe}); dropped {dropped} metrics line(s) past it")
+        else:
+            write_run_info(run_dir, cfg, info)
+        set_status(run_dir, "running", step=step)
     logger = MetricsLogger(run_dir, env.is_main, cfg, console=False,
                            wandb_cfg=cfg["logger"]["wandb"])
-    step_meter, epoch_meter = Meter(env.device), Meter(env.device)
     clock = Clock(env.device)
     images_per_step = loader.global_micro * cfg["grad_accum"]
-    step, last, diverged_at = 0, {}, 0
+    last, stopped, stop_step = {}, "completed", 0
     stop = cfg["max_steps"] or spe * cfg["epochs"]  # the schedule always spans all epochs
     diag = cfg["diagnostics"]["enabled"]
+    every = cfg["checkpoint_every"] if cfg["checkpoint"] else 0
     clock.start()
-    t_logged, step_logged = 0.0, 0
+    t_logged, step_logged = 0.0, step
 
-    for epoch in range(cfg["epochs"]):
-        set_epoch(model, epoch)
-        net.train()
-        bar = tqdm(total=spe, desc=f"epoch {epoch + 1}/{cfg['epochs']}", leave=False,
-                   disable=not (env.is_main and cfg["progress"]), dynamic_ncols=True)
-        for i, micro in enumerate(loader.epoch(epoch), start=1):
-            probe = GapProbe(model) if diag and i in evals else None
-            with probe or contextlib.nullcontext():
-                loss = train_step(net, micro, opt, step_meter, ranks > 1)
-            sched.step()
-            step += 1
-            bar.update(1)
-            if step % cfg["log_every"] == 0 or i == spe or step == stop:
-                elapsed = clock.stop()
-                epoch_meter.t += step_meter.t  # every step of the epoch passes through here
-                rec = {"step": step, "epoch": epoch + i / spe, "lr": opt.param_groups[0]["lr"],
-                       **step_meter.reduce("train"),
-                       "train/loss_rank0": float(loss),  # the sparse sample a naive logger shows
-                       "images_per_s": (step - step_logged) * images_per_step
-                       / max(elapsed - t_logged, 1e-9)}
-                t_logged, step_logged = elapsed, step
-                logger.log(rec, echo=False)
-                bar.set_postfix(loss=f"{rec['train/loss']:.3f}")
-                clock.start()
-                if not math.isfinite(rec["train/loss"]):  # the same reduced value on every rank
-                    diverged_at = step
-                    break
-            if i in evals:
-                clock.stop()
-                last = {"step": step, "epoch": epoch + i / spe,
-                        **evaluate(model, data, val, env, cfg["data"]["eval_batch"])}
-                if diag:
-                    last.update(bn_health(model, cfg, data, val, env, probe))
-                logger.log(last, echo=False)
-                clock.start()
-            if step == stop:
+    def ckpt_at(epoch: int, i: int) -> None:
+        save_checkpoint(run_dir, cfg, model, opt, sched, meters, env, epoch, i, step)
+
+    with StopRequest() as request:
+        for epoch in range(epoch0, cfg["epochs"]):
+            if step >= stop:
                 break
-        bar.close()
-        if diverged_at:
-            break
-        ep = {"step": step, "epoch": epoch + 1, **epoch_meter.reduce("train_epoch"),
-              "time/train_s": clock.stop()}
-        if precise_bn_due(cfg["precise_bn"], epoch, cfg["epochs"]):
-            ep.update(run_precise_bn(model, cfg, data, val, env, epoch))
-        ranks_bn = rank_running_stats(model, env) if ranks > 1 else []  # collective
-        clock.start()
-        logger.log(ep, echo=False)
-        last = {**last, **ep}
-        if env.is_main:
+            set_epoch(model, epoch)
+            net.train()
+            first = start if epoch == epoch0 else 0
+            bar = tqdm(total=spe, initial=first, desc=f"epoch {epoch + 1}/{cfg['epochs']}",
+                       leave=False, disable=not (env.is_main and cfg["progress"]),
+                       dynamic_ncols=True)
+            for i, micro in enumerate(loader.epoch(epoch, first), start=first + 1):
+                probe = GapProbe(model) if diag and i in evals else None
+                with probe or contextlib.nullcontext():
+                    loss = train_step(net, micro, opt, step_meter, ranks > 1)
+                sched.step()
+                step += 1
+                bar.update(1)
+                if step % cfg["log_every"] == 0 or i == spe or step == stop:
+                    elapsed = clock.stop()
+                    epoch_meter.t += step_meter.t  # every step of the epoch passes through here
+                    rec = {"step": step, "epoch": epoch + i / spe,
+                           "lr": opt.param_groups[0]["lr"], **step_meter.reduce("train"),
+                           # rank 0's last loss: the sparse sample a naive logger shows
+                           "train/loss_rank0": float(loss),
+                           "images_per_s": (step - step_logged) * images_per_step
+                           / max(elapsed - t_logged, 1e-9)}
+                    t_logged, step_logged = elapsed, step
+                    logger.log(rec, echo=False)
+                    bar.set_postfix(loss=f"{rec['train/loss']:.3f}")
+                    clock.start()
+                    # The same reduced value on every rank, so every rank stops together.
+                    if not math.isfinite(rec["train/loss"]) and cfg["on_nan"] == "stop":
+                        stopped, stop_step = "diverged", step
+                        break
+                if i in evals:
+                    clock.stop()
+                    last = {"step": step, "epoch": epoch + i / spe,
+                            **evaluate(model, data, val, env, cfg["data"]["eval_batch"])}
+                    if diag:
+                        last.update(bn_health(model, cfg, data, val, env, probe))
+                    logger.log(last, echo=False)
+                    clock.start()
+                if request.pending(env):
+                    ckpt_at(epoch, i)
+                    stopped, stop_step = "preempted", step
+                    break
+                if every and step % every == 0 and i < spe:
+                    ckpt_at(epoch, i)
+                if step == stop:
+                    break
+            bar.close()
+            if stopped != "completed" or (step == stop and i < spe):
+                break
+            ep = {"step": step, "epoch": epoch + 1, **epoch_meter.reduce("train_epoch"),
+                  "time/train_s": clock.stop()}
+            if precise_bn_due(cfg["precise_bn"], epoch, cfg["epochs"]):
+                ep.update(run_precise_bn(model, cfg, data, val, env, epoch))
+            logger.log(ep, echo=False)
+            last = {**last, **ep}
             dist.print0(f"epoch {epoch + 1}/{cfg['epochs']}  "
                         f"train/loss {ep['train_epoch/loss']:.4f}  "
                         f"val/acc {last.get('val/acc', float('nan')):.2f}")
             if cfg["checkpoint"]:
-                checkpoint.save(run_dir / checkpoint.CHECKPOINT, {
-                    "model": model_state(model), "optimizer": opt.state_dict(),
-                    "scheduler": sched.state_dict(), "epoch": epoch + 1, "step": step,
-                    "config": yaml.safe_dump(cfg, sort_keys=False),
-                    "rank_bn_stats": ranks_bn,  # every rank's running statistics (C7)
-                })
-        if step == stop:
-            break
+                ckpt_at(epoch + 1, 0)
+            clock.start()
     logger.close()
     if env.is_main:
-        if diverged_at:
-            set_status(run_dir, "diverged", step=diverged_at)
-        else:
-            set_status(run_dir, "completed", step=step)
-    return {**last, "diverged_at": diverged_at}
+        detail = {"signal": request.signum} if stopped == "preempted" else {}
+        set_status(run_dir, stopped, step=stop_step or step, **detail)
+    return {**last, "stopped": stopped, "step": stop_step or step}

@@ -1,0 +1,151 @@
+"""Resuming a run exactly: what a checkpoint holds, and what a run directory allows.
+
+A checkpoint is taken at a step boundary. Beside the model (rank 0's statistics, what
+evaluate.py reads), optimizer and schedule, it holds each rank's own buffers (BN running
+statistics differ between ranks), each rank's metric sums since the last log line, and
+each rank's torch RNG state. The data order and augmentation need no state: they are a
+function of (seed, epoch) (bnlab.data.EpochPlan). Resuming from it reproduces the
+uninterrupted run bit for bit on CPU, metrics.jsonl included (timings aside).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import torch
+import torch.distributed as tdist
+import torch.nn as nn
+
+from bnlab import checkpoint, dist
+from bnlab.config import RESUME_MAY_CHANGE, changed_keys, without
+from bnlab.errors import BnlabError
+from bnlab.metrics import Meter
+from bnlab.rundir import read_status_full
+
+RESUMABLE = ("running", "failed", "preempted")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def plan(run_dir: Path, cfg: dict) -> bool:
+    """Whether this launch resumes the run in `run_dir` (False: a fresh run). Refuses, with
+    one sentence, a directory whose run is finished, still running, or another experiment."""
+    st = read_status_full(run_dir)
+    if st is None:
+        return False
+    status = st.get("status")
+    if status == "completed":
+        raise BnlabError(f"the run directory {run_dir} already holds a completed run; choose "
+                         "another hydra.run.dir (a finished run is never overwritten).")
+    if status == "diverged":
+        raise BnlabError(f"the run directory {run_dir} holds a run that diverged at step "
+                         f"{st.get('step')}; choose another hydra.run.dir (resuming would "
+                         "diverge again).")
+    if status not in RESUMABLE:
+        raise BnlabError(f"the run directory {run_dir} holds a run with status {status!r}; "
+                         "choose another hydra.run.dir.")
+    if cfg["resume"] == "never":
+        raise BnlabError(f"the run directory {run_dir} holds an unfinished ({status}) run and "
+                         "resume=never; set resume=auto to continue it or choose another "
+                         "hydra.run.dir.")
+    if status == "running" and st.get("host") == socket.gethostname() and \
+            _alive(st.get("pid", -1)) and st.get("pid") != os.getpid():
+        raise BnlabError(f"the run in {run_dir} is running now (pid {st['pid']}); wait for it "
+                         "or stop it before resuming.")
+    saved = Path(run_dir) / "config.yaml"
+    if saved.is_file():
+        import yaml
+
+        old = yaml.safe_load(saved.read_text())
+        diff = changed_keys(without(old, RESUME_MAY_CHANGE), without(cfg, RESUME_MAY_CHANGE))
+        if diff:
+            shown = ", ".join(f"{k} ({_get(old, k)!r} -> {_get(cfg, k)!r})" for k in diff[:3])
+            raise BnlabError(f"cannot resume the run in {run_dir} with a different experiment: "
+                             f"{shown}; restore those settings or choose another "
+                             "hydra.run.dir.")
+    return True
+
+
+def _get(cfg: dict, dotted: str):
+    for p in dotted.split("."):
+        cfg = cfg.get(p) if isinstance(cfg, dict) else None
+    return cfg
+
+
+def rank_state(model: nn.Module, meters: list[Meter], env: dist.DistEnv) -> list[dict]:
+    """Every rank's own buffers, meter sums and RNG state, gathered (a collective)."""
+    mine = {"buffers": {k: v.detach().cpu().clone() for k, v in model.named_buffers()},
+            "meters": [m.t.detach().cpu().clone() for m in meters],
+            "rng": torch.get_rng_state()}
+    if not env.distributed:
+        return [mine]
+    out: list = [None] * env.world
+    tdist.all_gather_object(out, mine)
+    return out
+
+
+def restore(ckpt: dict, model: nn.Module, opt, sched, meters: list[Meter],
+            env: dist.DistEnv) -> tuple[int, int, int]:
+    """Load a checkpoint into this rank; returns (epoch, step within it, global step)."""
+    r = ckpt["resume"]
+    if len(r["ranks"]) != env.world:
+        raise BnlabError(f"the checkpoint holds {len(r['ranks'])} ranks' state but this launch "
+                         f"has {env.world} processes; relaunch with the run's own layout.")
+    mine = r["ranks"][env.rank]
+    model.load_state_dict(r["model"])  # every buffer, simulated ranks' included
+    with torch.no_grad():
+        own = dict(model.named_buffers())
+        for k, v in mine["buffers"].items():
+            own[k].copy_(v)
+    opt.load_state_dict(ckpt["optimizer"])
+    sched.load_state_dict(ckpt["scheduler"])
+    for m, t in zip(meters, mine["meters"], strict=True):
+        m.t.copy_(t)
+    torch.set_rng_state(mine["rng"])
+    return r["epoch"], r["step_in_epoch"], ckpt["step"]
+
+
+def load_latest(run_dir: Path) -> dict | None:
+    """The run's checkpoint, or None when it has none yet (the run restarts from step 0)."""
+    path = Path(run_dir) / checkpoint.CHECKPOINT
+    if not path.is_file():
+        return None
+    ckpt = checkpoint.load(path)
+    if "resume" not in ckpt:
+        raise BnlabError(f"{path} was written by an older bnlab and cannot resume a run; "
+                         "choose another hydra.run.dir.")
+    return ckpt
+
+
+def truncate_metrics(run_dir: Path, step: int) -> int:
+    """Keep the metrics lines written up to `step` (a torn last line goes too); returns the
+    number of lines dropped. The file is replaced atomically."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    keep, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            dropped += 1
+            continue
+        if rec.get("step", 0) <= step:
+            keep.append(line)
+        else:
+            dropped += 1
+    tmp = path.with_name(".metrics.jsonl.tmp")
+    tmp.write_text("".join(f"{ln}\n" for ln in keep))
+    os.replace(tmp, path)
+    return dropped

@@ -1,0 +1,197 @@
+"""Runs that survive: resume after kill -9, preemption, a dead rank, NaN, and the run
+directory's rules for resuming."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from bnlab import resume
+from bnlab.errors import BnlabError
+from bnlab.rundir import read_status, read_status_full, set_status
+from conftest import ROOT, run_entry
+
+TINY = ["model=resnet20", "data=synthetic", "data.num_train=256", "data.num_val=64", "epochs=2",
+        "batch_per_gpu=8", "eval_every=2", "log_every=2", "progress=false", "dist.threads=1"]
+SIM = [*TINY, "dist.simulate=2", "checkpoint_every=4"]
+TIMING = ("images_per_s",)
+
+
+def metrics(d: Path) -> list[dict]:
+    """metrics.jsonl without wall-clock timings, which no two runs share."""
+    rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("time/") and k not in TIMING}
+            for r in rows]
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    ca = torch.load(a / "checkpoint.pt", weights_only=True)
+    cb = torch.load(b / "checkpoint.pt", weights_only=True)
+    full_a, full_b = ca["resume"]["model"], cb["resume"]["model"]
+    assert full_a.keys() == full_b.keys()
+    for k in full_a:
+        assert torch.equal(full_a[k], full_b[k]), k  # bitwise, every rank's buffers included
+    for sa, sb in zip(ca["optimizer"]["state"].values(), cb["optimizer"]["state"].values(),
+                      strict=True):
+        assert torch.equal(sa["momentum_buffer"], sb["momentum_buffer"])
+    assert metrics(a) == metrics(b)  # no line lost or repeated
+
+
+def start(args: list[str], run_dir: Path, log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args,
+                             f"hydra.run.dir={run_dir}"], cwd=run_dir.parent,
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 180):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        f = run_dir / "metrics.jsonl"
+        if f.is_file() and any(json.loads(ln).get("step", 0) >= step
+                               for ln in f.read_text().splitlines() if ln.endswith("}")):
+            return
+        assert proc.poll() is None, "the run ended before it was interrupted"
+        time.sleep(0.1)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The uninterrupted run that every interrupted one must reproduce."""
+    d = tmp_path_factory.mktemp("ref") / "run"
+    p = run_entry("train.py", *SIM, f"hydra.run.dir={d}", cwd=d.parent)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return d
+
+
+def test_kill_9_mid_epoch_then_resume_reproduces_the_run_bitwise(reference, tmp_path):
+    d = tmp_path / "run"
+    proc = start(SIM, d, tmp_path / "first.log")
+    wait_for_step(d, 10, proc)  # mid-epoch 1 (16 steps per epoch), after the step-8 checkpoint
+    proc.kill()
+    proc.wait()
+    assert read_status(d) == "running"
+    with open(d / "metrics.jsonl", "a") as f:
+        f.write('{"step": 11, "train/lo')  # a line torn by the crash
+    p = run_entry("train.py", *SIM, f"hydra.run.dir={d}", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "resuming" in p.stdout and read_status(d) == "completed"
+    assert_same_run(reference, d)
+    info = json.loads((d / "run.json").read_text())
+    assert len(info["resumed"]) == 1 and info["resumed"][0]["from_step"] in (8, 12)
+
+
+def test_sigterm_checkpoints_at_the_next_step_and_the_next_launch_resumes(reference, tmp_path):
+    d = tmp_path / "run"
+    proc = start(SIM, d, tmp_path / "first.log")
+    wait_for_step(d, 6, proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 75
+    st = read_status_full(d)
+    assert st["status"] == "preempted" and st["signal"] == signal.SIGTERM
+    assert "preempted: checkpointed at step" in (tmp_path / "first.log").read_text()
+    assert torch.load(d / "checkpoint.pt", weights_only=True)["step"] == st["step"]
+    p = run_entry("train.py", *SIM, f"hydra.run.dir={d}", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert_same_run(reference, d)
+
+
+def test_a_dead_rank_stops_the_others_marks_the_run_failed_and_relaunch_resumes(tmp_path):
+    ddp = [*TINY, "dist.nproc_per_node=2"]
+    ref = tmp_path / "ref"
+    p = run_entry("train.py", *ddp, f"hydra.run.dir={ref}", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    d = tmp_path / "run"
+    proc = start(ddp, d, tmp_path / "first.log")
+    wait_for_step(d, 20, proc)  # epoch 2: the epoch-1 checkpoint exists
+    workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+    pids = [int(x) for x in workers.stdout.split()]
+    victims = [p for p in pids if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+    assert len(victims) == 2, pids
+    t0 = time.time()
+    os.kill(victims[-1], signal.SIGKILL)
+    assert proc.wait(timeout=60) == 1
+    assert time.time() - t0 < 60
+    assert read_status(d) == "failed"
+    assert "a rank process failed" in (tmp_path / "first.log").read_text()
+    p = run_entry("train.py", *ddp, f"hydra.run.dir={d}", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert_same_run(ref, d)
+
+
+def test_nan_loss_marks_the_run_diverged_and_a_multirun_goes_on(tmp_path):
+    p = run_entry("train.py", *TINY, "optim.lr=1e6", "optim.momentum=0",
+                  f"hydra.run.dir={tmp_path / 'a'}", cwd=tmp_path)
+    assert p.returncode == 3, p.stderr[-2000:]
+    st = read_status_full(tmp_path / "a")
+    assert st["status"] == "diverged" and st["step"] > 0
+    assert "diverged (non-finite loss) at step" in p.stderr
+    p = run_entry("train.py", "-m", *TINY, "epochs=1", "optim.lr=1e6,0.01", "optim.momentum=0",
+                  f"output_dir={tmp_path / 'm'}", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    runs = sorted((tmp_path / "m").rglob("status.json"))
+    assert sorted(json.loads(r.read_text())["status"] for r in runs) == ["completed", "diverged"]
+
+
+# -- the run directory's rules ------------------------------------------------------------
+
+def unfinished(tmp_path: Path, cfg: dict, status: str = "failed") -> Path:
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    set_status(d, status)
+    return d
+
+
+@pytest.fixture
+def cfg() -> dict:
+    from test_configs import compose_train
+
+    return compose_train([])
+
+
+def test_resume_allows_logging_changes_and_refuses_a_different_experiment(tmp_path, cfg):
+    d = unfinished(tmp_path, cfg)
+    changed = json.loads(json.dumps(cfg))
+    changed.update(log_every=7, progress=False, eval_every=3)
+    assert resume.plan(d, changed) is True
+    changed["norm"]["kind"] = "syncbn"
+    changed["batch_per_gpu"] = 4
+    with pytest.raises(BnlabError, match=r"batch_per_gpu \(32 -> 4\), norm.kind \('bn' -> "):
+        resume.plan(d, changed)
+
+
+def test_finished_live_or_refused_runs_are_never_resumed(tmp_path, cfg):
+    assert resume.plan(tmp_path / "new", cfg) is False
+    d = unfinished(tmp_path, cfg, "completed")
+    with pytest.raises(BnlabError, match="completed run.*never overwritten"):
+        resume.plan(d, cfg)
+    set_status(d, "diverged", step=5)
+    with pytest.raises(BnlabError, match="diverged at step 5"):
+        resume.plan(d, cfg)
+    set_status(d, "preempted")
+    with pytest.raises(BnlabError, match="resume=never"):
+        resume.plan(d, {**cfg, "resume": "never"})
+    st = {"status": "running", "pid": os.getppid(), "host": os.uname().nodename}
+    (d / "status.json").write_text(json.dumps(st))
+    with pytest.raises(BnlabError, match=f"running now \\(pid {os.getppid()}\\)"):
+        resume.plan(d, cfg)
+
+
+def test_truncate_metrics_keeps_lines_up_to_the_checkpoint_and_drops_a_torn_one(tmp_path):
+    lines = [{"step": s, "x": s} for s in (2, 4, 4, 6, 8)]
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in lines) + '{"step": 9, "x"')
+    assert resume.truncate_metrics(tmp_path, 4) == 3
+    kept = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert kept == lines[:3]
