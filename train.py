@@ -6,17 +6,22 @@
     python train.py -m seed=1,2 dist.nproc_per_node=2   # Hydra multirun of 2-rank jobs
 """
 
+import sys
+
 import hydra
 
-from bnlab import hydra_setup, launch
+from bnlab import hydra_setup, precheck
 
 hydra_setup.register()
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg) -> None:
+    from bnlab import launch  # torch is imported here, after the checks
+
     launch.main(cfg)
 
 
 if __name__ == "__main__":
+    precheck.check_or_exit(sys.argv[1:])  # one sentence for a typo, before Hydra starts
     main()

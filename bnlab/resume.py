@@ -121,7 +121,12 @@ def load_latest(run_dir: Path) -> dict | None:
     path = Path(run_dir) / checkpoint.CHECKPOINT
     if not path.is_file():
         return None
-    ckpt = checkpoint.load(path)
+    try:
+        ckpt = checkpoint.load(path)
+    except BnlabError:
+        raise BnlabError(f"the checkpoint of the unfinished run, {path}, is corrupt or "
+                         "truncated; delete it to restart that run from step 0, or choose "
+                         "another hydra.run.dir.") from None
     if "resume" not in ckpt:
         raise BnlabError(f"{path} was written by an older bnlab and cannot resume a run; "
                          "choose another hydra.run.dir.")
