@@ -21,7 +21,7 @@ install: ## install everything with uv from uv.lock (into .venv)
 	$(UV) sync --frozen
 
 test: install ## run the test suite on CPU (slow tests excluded)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=20
 
 test-slow: install ## run only the slow tests
 	$(PY) -m pytest -q -m slow

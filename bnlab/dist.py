@@ -34,6 +34,27 @@ class DistEnv:
         return self.world > 1
 
 
+def adopt_slurm_env(env: dict | None = None) -> bool:
+    """Under SLURM with several tasks per job (Hydra's submitit launcher with
+    `tasks_per_node` = ranks, or `srun`), give each task torchrun's variables: RANK,
+    WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and a rendezvous address. Returns True if it did.
+    Nothing changes when torchrun's RANK is already set or the job has one task.
+    """
+    env = os.environ if env is None else env
+    ntasks = int(env.get("SLURM_NTASKS", "1") or 1)
+    if "RANK" in env or ntasks < 2 or "SLURM_PROCID" not in env:
+        return False
+    nodes = int(env.get("SLURM_NNODES", "1") or 1)
+    env["RANK"] = env["SLURM_PROCID"]
+    env["WORLD_SIZE"] = str(ntasks)
+    env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
+    env["LOCAL_WORLD_SIZE"] = str(ntasks // nodes)
+    env.setdefault("MASTER_ADDR", env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
+                   if nodes > 1 else "127.0.0.1")
+    env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
+    return True
+
+
 def under_torchrun() -> bool:
     """True when this process is a worker started by torchrun or torch's elastic launcher."""
     return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ

@@ -31,10 +31,13 @@ def _parent_start_time() -> float | None:
 
 
 def run_stamp() -> str:
-    """One timestamp per run: $BNLAB_RUN_STAMP, else the torchrun agent's start, else now."""
+    """One timestamp per run: $BNLAB_RUN_STAMP, else the SLURM job (all its tasks, and the
+    job again after a requeue), else the torchrun agent's start, else now."""
     global _stamp
     if _stamp is None:
         _stamp = os.environ.get("BNLAB_RUN_STAMP")
+    if _stamp is None and "SLURM_JOB_ID" in os.environ:
+        _stamp = "slurm-" + os.environ.get("SLURM_ARRAY_JOB_ID", os.environ["SLURM_JOB_ID"])
     if _stamp is None:
         t = _parent_start_time() if "TORCHELASTIC_RUN_ID" in os.environ else None
         _stamp = time.strftime(FORMAT, time.localtime(t if t is not None else time.time()))

@@ -105,13 +105,15 @@ def mark_failed(run_dir: Path, error: str) -> None:
 
 
 def main(cfg: DictConfig) -> dict:
+    slurm = dist.adopt_slurm_env()  # SLURM tasks become ranks, as under torchrun
     c = OmegaConf.to_container(cfg, resolve=True)
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     try:
-        if dist.under_torchrun() and c["dist"]["simulate"] > 1:
-            raise BnlabError("dist.simulate cannot be combined with torchrun; simulate W ranks "
-                             "in one process (python train.py dist.simulate=W).")
+        if (dist.under_torchrun() or slurm) and c["dist"]["simulate"] > 1:
+            raise BnlabError("dist.simulate cannot be combined with torchrun or SLURM tasks; "
+                             "simulate W ranks in one process (python train.py "
+                             "dist.simulate=W).")
         if dist.under_torchrun() and hc.mode == RunMode.MULTIRUN:
             raise BnlabError("a Hydra multirun (-m) cannot run under torchrun; launch it with "
                              "python and set dist.nproc_per_node=N to give each job N ranks.")
@@ -119,7 +121,8 @@ def main(cfg: DictConfig) -> dict:
     except BnlabError as e:
         fail(str(e), run_dir, Path(c["output_dir"]))
     nproc = c["dist"]["nproc_per_node"]
-    launcher = "torchrun" if dist.under_torchrun() else "local" if nproc > 1 else "single"
+    launcher = "torchrun" if dist.under_torchrun() else "slurm" if slurm else \
+        "local" if nproc > 1 else "single"
     meta = {"launcher": launcher, "overrides": list(hc.overrides.task),
             "bn_values_per_channel": counts}
     if launcher == "local":

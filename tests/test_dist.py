@@ -88,3 +88,23 @@ def test_grad_accum_equals_one_big_batch():
             for n, p in ref_model.named_parameters():
                 torch.testing.assert_close(torch.from_numpy(grads[n]), p.grad, rtol=1e-5,
                                            atol=1e-6, msg=n)
+
+
+def test_slurm_tasks_become_ranks_and_share_one_run_directory(monkeypatch):
+    from bnlab import hydra_setup
+
+    env = {"SLURM_NTASKS": "4", "SLURM_PROCID": "2", "SLURM_LOCALID": "2", "SLURM_NNODES": "1",
+           "SLURM_JOB_ID": "12345"}
+    assert dist.adopt_slurm_env(env) is True
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == \
+        ("2", "4", "2", "4")
+    assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == str(20000 + 12345)
+    assert dist.adopt_slurm_env({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) is False
+    torchrun = {"SLURM_NTASKS": "4", "SLURM_PROCID": "2", "RANK": "0"}
+    assert dist.adopt_slurm_env(torchrun) is False and torchrun["RANK"] == "0"
+    # Every task of the job, and the job again after a requeue, get the same directory.
+    monkeypatch.delenv("BNLAB_RUN_STAMP", raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "777")
+    monkeypatch.setattr(hydra_setup, "_stamp", None)
+    assert hydra_setup.run_stamp() == "slurm-777"
+    monkeypatch.setattr(hydra_setup, "_stamp", None)

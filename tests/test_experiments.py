@@ -202,6 +202,7 @@ def test_every_experiment_cell_trains_a_few_steps(cell, tmp_path):
 
 
 @needs_cifar
+@pytest.mark.slow  # 4 real gloo processes per cell; the 4-process path is tested in test_train
 def test_real_ddp_experiment_cells_run_a_few_steps(tmp_path):
     for cell in unique_cells(real=True):
         cfg = smoke_cfg(cell)

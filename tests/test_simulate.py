@@ -77,7 +77,8 @@ def _real_worker(world: int) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("world", [2, 4])
+# W=2 in every CI run; W=4 (about 2 minutes on 2 cores) in `make test-slow`.
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_simulation_equals_real_ddp(world):
     real = dist.launch_local(_real_worker, world, world)
     env = dist.DistEnv(0, 1, 0, torch.device("cpu"), None)

@@ -102,6 +102,7 @@ def test_torchrun_two_ranks_make_exactly_one_run_directory(tmp_path):
         "checkpoint.pt", "config.yaml", "metrics.jsonl", "run.json", "status.json"]
 
 
+@pytest.mark.slow  # multirun and 2-rank local launch are each covered in test_resume
 def test_multirun_of_two_jobs_each_with_two_ranks(tmp_path):
     _train(tmp_path, "seed=1,2", "dist.nproc_per_node=2", flags=["-m"])
     dirs = run_dirs(tmp_path)
@@ -138,6 +139,7 @@ def test_wandb_logger_goes_offline_without_an_api_key(tmp_path):
     assert list((d / "wandb").glob("offline-run-*")), "no offline wandb run was written"
 
 
+@pytest.mark.slow  # tests/test_simulate.py proves the equality more strictly, in CI
 def test_simulated_ranks_match_real_ranks_through_train_py(tmp_path, norm="syncbn"):
     """dist.simulate=2 and dist.nproc_per_node=2 log the same first steps.
 
