@@ -136,6 +136,11 @@ def test_nan_loss_marks_the_run_diverged_and_a_multirun_goes_on(tmp_path):
     st = read_status_full(tmp_path / "a")
     assert st["status"] == "diverged" and st["step"] > 0
     assert "diverged (non-finite loss) at step" in p.stderr
+    p = run_entry("train.py", *TINY, "epochs=1", "optim.lr=1e6", "optim.momentum=0",
+                  "on_nan=continue", f"hydra.run.dir={tmp_path / 'c'}", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    losses = [r.get("train/loss") for r in metrics(tmp_path / "c") if "train/loss" in r]
+    assert read_status(tmp_path / "c") == "completed" and None in losses  # NaN logged as null
     p = run_entry("train.py", "-m", *TINY, "epochs=1", "optim.lr=1e6,0.01", "optim.momentum=0",
                   f"output_dir={tmp_path / 'm'}", cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
