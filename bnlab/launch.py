@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from bnlab import dist, resume, trainer
+from bnlab import dist, precheck, resume, trainer
 from bnlab.config import check_data, validate, world_size
 from bnlab.diagnostics import at_risk, risk_message
 from bnlab.errors import BnlabError
@@ -71,14 +70,10 @@ def preflight(cfg: dict, run_dir: Path) -> tuple[dict[str, int], bool]:
 
 
 def check_writable(run_dir: Path) -> None:
-    """The run directory (Hydra has made it) must take files."""
-    probe = run_dir / f".write-test-{os.getpid()}"
-    try:
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise BnlabError(f"cannot write to the run directory {run_dir} ({e.strerror}); choose "
-                         "a writable output_dir or hydra.run.dir.") from None
+    """The run directory (Hydra has made it) must take files: `-m` runs skip the precheck."""
+    if not precheck.writable(run_dir):
+        raise BnlabError(f"cannot write to the run directory {run_dir}; choose a writable "
+                         "output_dir or hydra.run.dir.")
 
 
 def worker(cfg: dict, run_dir: str, meta: dict, resuming: bool = False) -> dict:

@@ -28,7 +28,7 @@ def _group_choice(arg: str) -> str | None:
     return f"{key}={value} is not a {key} config; choose one of {options}."
 
 
-def _writable(path: Path) -> bool:
+def writable(path: Path) -> bool:
     """Whether `path` exists as a writable folder or could be created as one."""
     p = path.resolve()
     while not p.exists():
@@ -66,7 +66,7 @@ def check(argv: list[str], config_name: str = "train") -> None:
                          "(or add a new key with +key=value).") from None
     run_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")), None)
     out = run_dir or OmegaConf.select(cfg, "output_dir")
-    if out is not None and not _writable(Path(str(out))):
+    if out is not None and not writable(Path(str(out))):
         raise BnlabError(f"cannot create or write the output folder {out}; choose a writable "
                          "output_dir (or hydra.run.dir).")
 

@@ -35,6 +35,11 @@ def _s(c: CellResult | None, key: str = "swing") -> str:
     return "-" if c is None else c.stat(key).fmt()
 
 
+def _pair(x: CellResult | None, y: CellResult | None, lx: str, ly: str) -> str:
+    """`swing X ±a, Y ±b; final acc c vs d`: two cells side by side."""
+    return f"swing {lx} ±{_s(x)}, {ly} ±{_s(y)}; final acc {_s(x, 'final')} vs {_s(y, 'final')}"
+
+
 def _missing(*vals) -> bool:
     return any(v is None for v in vals)
 
@@ -43,8 +48,7 @@ def c1(t) -> Verdict:
     j = t["jitter"]
     bn, sb = j.get("bn"), j.get("syncbn")
     a, b = _m(bn, "swing"), _m(sb, "swing")
-    ours = f"resnet18: swing bn ±{_s(bn)}, syncbn ±{_s(sb)}; final acc {_s(bn, 'final')} vs " \
-           f"{_s(sb, 'final')}"
+    ours = "resnet18: " + _pair(bn, sb, "bn", "syncbn")
     cbn, csb = j.get("resnet18_cifar bn"), j.get("resnet18_cifar syncbn")
     if _m(cbn, "swing") is not None or _m(csb, "swing") is not None:
         ours += f"; resnet18_cifar: swing bn ±{_s(cbn)}, syncbn ±{_s(csb)}"
@@ -83,8 +87,7 @@ def c2(t) -> Verdict:
 def c3(t) -> Verdict:
     one, four = t["ranks"].get("1 rank x 8"), t["ranks"].get("4 ranks x 2")
     a, b = _m(one, "swing"), _m(four, "swing")
-    ours = f"swing 1x8 ±{_s(one)}, 4x2 ±{_s(four)}; final acc {_s(one, 'final')} vs " \
-           f"{_s(four, 'final')}"
+    ours = _pair(one, four, "1x8", "4x2")
     if _missing(a, b):
         return Verdict("C3", "make table-ranks", "1x8 far more stable than 4x2", ours,
                        "not run yet", "")
@@ -138,8 +141,7 @@ def c5(t) -> Verdict:
     acc, big = t["ranks"].get("4 ranks x 2 + grad_accum 4"), t["ranks"].get("4 ranks x 8")
     a, b = _m(acc, "swing"), _m(big, "swing")
     fa, fb = _m(acc, "final"), _m(big, "final")
-    ours = f"swing 4x2+accum4 ±{_s(acc)} vs 4x8 ±{_s(big)}; final acc " \
-           f"{_s(acc, 'final')} vs {_s(big, 'final')}"
+    ours = _pair(acc, big, "4x2+accum4", "4x8")
     if _missing(a, b, fa, fb):
         return Verdict("C5", "make table-ranks", "accumulation does not help BN", ours,
                        "not run yet", "")
@@ -152,8 +154,7 @@ def c5(t) -> Verdict:
 def c6(t) -> Verdict:
     bn, fr = t["jitter"].get("bn"), t["jitter"].get("frozen_bn (after epoch 1)")
     a, b = _m(bn, "swing"), _m(fr, "swing")
-    ours = f"swing bn ±{_s(bn)}, frozen ±{_s(fr)}; final acc {_s(bn, 'final')} vs " \
-           f"{_s(fr, 'final')}"
+    ours = _pair(bn, fr, "bn", "frozen")
     if _missing(a, b):
         return Verdict("C6", "make table-jitter", "frozen BN much steadier", ours,
                        "not run yet", "")
