@@ -8,6 +8,10 @@ so a typo fails before anything runs. A run's directory is named by a hash of it
 config (keys that cannot change the result left out), under `experiments/runs/<data tag>/`:
 tables that share a cell share its runs, and a run that has finished (completed or
 diverged) is never run again, so an interrupted sweep picks up where it stopped.
+
+SIGTERM or Ctrl-C stops the sweep cleanly: each running job checkpoints and stops as
+`preempted`, and the same command later resumes those runs from their checkpoints (a run
+left unfinished without a checkpoint is set aside and run again).
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -27,6 +33,7 @@ from pathlib import Path
 import yaml
 from tqdm import tqdm
 
+from bnlab.checkpoint import CHECKPOINT
 from bnlab.config import NOT_EXPERIMENT, without
 from bnlab.errors import BnlabError
 from bnlab.rundir import machine, read_status
@@ -35,7 +42,34 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "experiments" / "runs"
 FINAL = ("completed", "diverged")  # a run with this status is a result: never re-run
 NEUTRAL = {"on_nan": "stop"}
-RUN_ONLY = ["progress=false", "checkpoint=false"]
+RUN_ONLY = ["progress=false", "checkpoint=true", "resume=auto"]
+PREEMPTED = 75  # the sweep's exit status when stopped by a signal (as train.py's)
+
+
+class Jobs:
+    """The live train.py processes, so a signal can stop them all and nothing new starts."""
+
+    def __init__(self):
+        self.lock, self.procs, self.stopping = threading.Lock(), set(), False
+
+    def start(self, cmd: list[str], **kw) -> subprocess.Popen | None:
+        with self.lock:
+            if self.stopping:
+                return None
+            proc = subprocess.Popen(cmd, **kw)
+            self.procs.add(proc)
+            return proc
+
+    def done(self, proc: subprocess.Popen) -> None:
+        with self.lock:
+            self.procs.discard(proc)
+
+    def stop(self, *_) -> None:
+        """Each running job checkpoints and stops (train.py handles SIGTERM at a step)."""
+        with self.lock:
+            self.stopping = True
+            for proc in self.procs:
+                proc.send_signal(signal.SIGTERM)
 
 
 @dataclass
@@ -146,23 +180,40 @@ def set_aside(d: Path) -> Path:
     return dest
 
 
+def resumable(d: Path) -> bool:
+    """An unfinished run that can continue where it stopped: it left a checkpoint."""
+    return (d / CHECKPOINT).is_file()
+
+
 def launch(cell: Cell, seed: int, d: Path, data: str | None, threads: int,
-           extra: list[str]) -> tuple[str, float]:
-    """One train.py run in its own process; returns (status, wall seconds)."""
-    d.mkdir(parents=True)
+           extra: list[str], jobs: Jobs | None = None) -> tuple[str, float]:
+    """One train.py run in its own process (resuming the run in `d` if it has a checkpoint);
+    returns (status, wall seconds of this launch). sweep.json sums the wall time of all
+    launches of the run."""
+    if jobs and jobs.stopping:  # the sweep is stopping: this run never starts
+        return "not started", 0.0
+    d.mkdir(parents=True, exist_ok=True)
+    before = json.loads((d / "sweep.json").read_text()) if (d / "sweep.json").is_file() else {}
     cmd = [sys.executable, str(ROOT / "train.py"), *cell.overrides, *data_overrides(data),
            f"seed={seed}", f"hydra.run.dir={d}", f"dist.threads={threads}", *RUN_ONLY, *extra]
     t0 = time.perf_counter()
-    with open(d / "train.log", "w") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
+    with open(d / "train.log", "a" if before else "w") as log:
+        kw = dict(cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = (jobs or Jobs()).start(cmd, **kw)
+        if proc is None:
+            return "not started", 0.0
+        rc = proc.wait()
+        if jobs:
+            jobs.done(proc)
     wall = time.perf_counter() - t0
     status = read_status(d) or "failed"
     if rc != 0 and status == "running":
         status = "failed"
-    (d / "sweep.json").write_text(json.dumps({"cell": cell.label, "seed": seed, "rc": rc,
-                                              "wall_s": round(wall, 1), "threads": threads})
-                                  + "\n")
+    rec = {"cell": cell.label, "seed": seed, "rc": rc,
+           "wall_s": round(before.get("wall_s", 0.0) + wall, 1), "threads": threads,
+           "launches": before.get("launches", 1 if before else 0) + 1}
+    (d / "sweep.json").write_text(json.dumps(rec) + "\n")
     return status, wall
 
 
@@ -192,26 +243,39 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
         status = read_status(d)
         if status in FINAL:
             continue
-        if d.exists():
+        if d.exists() and not resumable(d):
             print(f"set aside unfinished run: {set_aside(d)}")
+        elif d.exists():
+            print(f"will resume {status or 'unfinished'} run: {d}")
         todo.append((cell, seed, d))
     total = len(plan(specs, tag, root))
     print(f"{name}: {total - len(todo)} of {total} runs already done under "
           f"{root / tag}; running {len(todo)} with {jobs} job(s) in parallel")
     threads = max(1, (os.cpu_count() or 1) // jobs)
     counts: dict[str, int] = {}
-    with ThreadPoolExecutor(max_workers=jobs) as pool, \
-            tqdm(total=len(todo), desc=name, unit="run", dynamic_ncols=True) as bar:
-        futs = {pool.submit(launch, c, s, d, data, threads, extra or []): (c, s, d)
-                for c, s, d in todo}
-        for f in as_completed(futs):
-            cell, seed, d = futs[f]
-            status, wall = f.result()
-            counts[status] = counts.get(status, 0) + 1
-            bar.write(f"  {status:9s} {cell.label} seed {seed} ({wall:.0f} s)  {d}")
-            if status not in FINAL:
-                bar.write(f"    see {d / 'train.log'}")
-            bar.update(1)
+    running = Jobs()
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {sig: signal.signal(sig, running.stop) for sig in (signal.SIGTERM,
+                                                                      signal.SIGINT)}
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool, \
+                tqdm(total=len(todo), desc=name, unit="run", dynamic_ncols=True) as bar:
+            futs = {pool.submit(launch, c, s, d, data, threads, extra or [], running): (c, s, d)
+                    for c, s, d in todo}
+            for f in as_completed(futs):
+                cell, seed, d = futs[f]
+                status, wall = f.result()
+                counts[status] = counts.get(status, 0) + 1
+                if status == "not started":
+                    continue
+                bar.write(f"  {status:9s} {cell.label} seed {seed} ({wall:.0f} s)  {d}")
+                if status not in FINAL and status != "preempted":
+                    bar.write(f"    see {d / 'train.log'}")
+                bar.update(1)
+    finally:
+        for sig, h in handlers.items():
+            signal.signal(sig, h)
     return counts
 
 
@@ -222,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                    help="runs in parallel (default: one per core, one thread each)")
     p.add_argument("--dry-run", action="store_true", help="list the runs and their state")
+    p.add_argument("--runs", type=Path, default=RUNS,
+                   help=f"folder of run directories (default {RUNS.relative_to(ROOT)})")
     a = p.parse_args(argv)
     try:
         if a.jobs < 1:
@@ -229,17 +295,21 @@ def main(argv: list[str] | None = None) -> int:
         specs = [load_spec(s, a.data) for s in a.specs]
         if a.dry_run:
             tag = data_tag(specs[0].cells[0].cfg)
-            for cell, seed, d in plan(specs, tag):
+            for cell, seed, d in plan(specs, tag, a.runs):
                 print(f"{read_status(d) or 'to run':10s} {cell.label:42s} seed {seed}  "
                       f"{d.relative_to(ROOT) if d.is_relative_to(ROOT) else d}")
             return 0
         t0 = time.perf_counter()
-        counts = sweep(specs, a.data, a.jobs)
+        counts = sweep(specs, a.data, a.jobs, root=a.runs)
     except BnlabError as e:
         print(f"bnlab: error: {e}", file=sys.stderr)
         return 2
     print(("finished: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
            if counts else "nothing to run") + f" in {(time.perf_counter() - t0) / 60:.1f} min")
+    if counts.get("preempted") or counts.get("not started"):
+        print("stopped by a signal: run the same command to resume the preempted runs from "
+              "their checkpoints.")
+        return PREEMPTED
     bad = sum(n for s, n in counts.items() if s not in FINAL)
     return 1 if bad else 0
 

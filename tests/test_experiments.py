@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,11 +95,12 @@ def test_plan_runs_every_cell_once_seed_major_and_expensive_cells_last():
     assert first == sorted(first)
 
 
-def tiny_spec(tmp_path: Path) -> Spec:
+def tiny_spec(tmp_path: Path, num_train: int = 64) -> Spec:
     """Two cells on generated data, a few steps each: the runner's real code path."""
     spec = tmp_path / "tiny" / "sweep.yaml"
     spec.parent.mkdir()
-    ov = ("[model=resnet20, data=synthetic, data.num_train=64, data.num_val=32, epochs=1, "
+    ov = (f"[model=resnet20, data=synthetic, data.num_train={num_train}, data.num_val=32, "
+          "epochs=1, "
           "batch_per_gpu=4, eval_every=1, dist.simulate=2, diagnostics.enabled=false{}]")
     spec.write_text("experiment: demo\nseeds: [0]\ncells:\n"
                     f"  - {{label: a, overrides: {ov.format('')}}}\n"
@@ -115,11 +120,41 @@ def test_sweep_runs_cells_skips_finished_ones_and_sets_unfinished_aside(tmp_path
     before = (dirs[0] / "metrics.jsonl").read_text()
     assert sweep([spec], None, jobs=2, root=root) == {}  # nothing re-run, nothing touched
     assert (dirs[0] / "metrics.jsonl").read_text() == before
-    set_status(dirs[1], "running")  # as if the machine died mid-run
-    assert sweep([spec], None, jobs=1, root=root) == {"completed": 1}
+    (dirs[1] / "checkpoint.pt").unlink()
+    set_status(dirs[1], "running")  # as if the machine died mid-run, before any checkpoint
+    set_status(dirs[0], "preempted")  # as if stopped after its last checkpoint
+    assert sweep([spec], None, jobs=1, root=root) == {"completed": 2}
     kept = dirs[1].with_name("seed0.unfinished-1")
     assert kept.is_dir() and read_status(kept) == "running"
     assert read_status(dirs[1]) == "completed"
+    assert "from_step" in json.loads((dirs[0] / "run.json").read_text())["resumed"][0]
+    assert json.loads((dirs[0] / "sweep.json").read_text())["launches"] == 2
+    assert (dirs[0] / "metrics.jsonl").read_text() == before  # resumed at the end: no new rows
+
+
+def test_sigterm_stops_the_sweep_and_the_same_command_resumes_it(tmp_path):
+    spec = tiny_spec(tmp_path, num_train=512)
+    root = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "bnlab.sweep", str(spec.path), "--jobs", "1", "--runs",
+           str(root)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    first = plan(spec, "synthetic-512", root)[0][2]
+    deadline = time.monotonic() + 120
+    while not (first / "metrics.jsonl").is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 75, out
+    assert "run the same command to resume" in out
+    assert read_status(first) == "preempted" and (first / "checkpoint.pt").is_file()
+    second = plan(spec, "synthetic-512", root)[1][2]
+    assert not second.exists()  # queued runs do not start once the sweep is stopping
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "will resume preempted run" in done.stdout
+    assert read_status(first) == read_status(second) == "completed"
+    assert json.loads((first / "sweep.json").read_text())["launches"] == 2
 
 
 # -- tables from logs ------------------------------------------------------------------------
