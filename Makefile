@@ -8,7 +8,7 @@ DEMO_DIR := outputs/demo/$(STAMP)
 export BNLAB_TEST_DATA ?= $(abspath ../shared/data/cifar10-mini)
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-slow lint demo bench-sim clean table-jitter table-batch table-ranks \
+.PHONY: help install test test-slow lint demo bench perf-doc clean table-jitter table-batch table-ranks \
 	tables report
 JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 SWEEP = $(PY) -m bnlab.sweep $(if $(DATA),--data $(DATA)) --jobs $(JOBS)
@@ -35,8 +35,12 @@ demo: install ## short training run + table + plot (synthetic data; DATA=<dir> f
 	$(PY) -m bnlab.report $(DEMO_DIR) --out $(DEMO_DIR)/report \
 		--title "bnlab demo ($(if $(DATA),CIFAR-10 from $(DATA),synthetic data))"
 
-bench-sim: install ## step time: simulated vs real gloo DDP, SyncBN vs BN (prints ratios)
-	$(PY) benchmarks/sim_vs_ddp.py
+bench: install ## benchmarks (quiet machine, ~15 min; ONLY=sim,syncbn,...) + docs/performance.md
+	$(PY) benchmarks/bench.py $(if $(ONLY),--only $(ONLY))
+	$(PY) benchmarks/perfdoc.py
+
+perf-doc: install ## docs/performance.md from benchmarks/results/*.json (no measuring)
+	$(PY) benchmarks/perfdoc.py
 
 table-jitter: install ## C1 C4 C6 C8 C9: sweep (DATA=<cifar dir>, JOBS=N) + experiments/jitter/table.md
 	$(SWEEP) experiments/jitter/sweep.yaml

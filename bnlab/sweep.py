@@ -49,7 +49,8 @@ PREEMPTED = 75  # the sweep's exit status when stopped by a signal (as train.py'
 class Jobs:
     """The live train.py processes, so a signal can stop them all and nothing new starts."""
 
-    def __init__(self):
+    def __init__(self, n: int = 1):
+        self.n = n  # runs side by side
         self.lock, self.procs, self.stopping = threading.Lock(), set(), False
 
     def start(self, cmd: list[str], **kw) -> subprocess.Popen | None:
@@ -212,6 +213,7 @@ def launch(cell: Cell, seed: int, d: Path, data: str | None, threads: int,
         status = "failed"
     rec = {"cell": cell.label, "seed": seed, "rc": rc,
            "wall_s": round(before.get("wall_s", 0.0) + wall, 1), "threads": threads,
+           "jobs": jobs.n if jobs else 1,
            "launches": before.get("launches", 1 if before else 0) + 1}
     (d / "sweep.json").write_text(json.dumps(rec) + "\n")
     return status, wall
@@ -253,7 +255,7 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
           f"{root / tag}; running {len(todo)} with {jobs} job(s) in parallel")
     threads = max(1, (os.cpu_count() or 1) // jobs)
     counts: dict[str, int] = {}
-    running = Jobs()
+    running = Jobs(jobs)
     handlers = {}
     if threading.current_thread() is threading.main_thread():
         handlers = {sig: signal.signal(sig, running.stop) for sig in (signal.SIGTERM,

@@ -1,0 +1,271 @@
+"""`make bench`: how fast bnlab trains on this machine, each figure measured side by side
+with its reference in one run and compared with its target.
+
+    uv run python benchmarks/bench.py [--only overhead,sim,...] [--quick] [--out FILE]
+
+Prints a table per section as it goes and writes every figure to `--out` (JSON, default
+benchmarks/results/<host>.json); `python benchmarks/perfdoc.py` turns that file into
+docs/performance.md. Run it on a quiet machine: other work on the cores skews the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import measure as m  # noqa: E402
+
+from bnlab.rundir import git_commit  # noqa: E402
+
+CELL = ["norm=bn", "dist.simulate=4"]  # the table-jitter cell: resnet18, 4 simulated ranks x 2
+CELL_STEPS, CELL_EVALS = 3175, 25  # its 5 epochs of 635 steps on 5,085 images, 5 evals/epoch
+
+
+class Bench:
+    """Collects rows; each row is one figure against its reference (and target, if any)."""
+
+    def __init__(self, quick: bool):
+        self.quick, self.rows, self.current = quick, [], ""  # current: the SECTIONS key
+
+    def n(self, full: int, quick: int) -> int:
+        return quick if self.quick else full
+
+    def row(self, section: str, what: str, value: float, unit: str, ref: float | None = None,
+            ref_what: str = "", target: str = "", met: bool | None = None, note: str = ""):
+        r = {"bench": self.current, "section": section, "what": what, "value": value,
+             "unit": unit, "ref": ref, "ref_what": ref_what,
+             "ratio": value / ref if ref else None, "target": target, "met": met, "note": note}
+        self.rows.append(r)
+        shown = f"{value:.4g} {unit}"
+        if ref:
+            shown += f" vs {ref:.4g} ({ref_what}): {r['ratio']:.3f}x"
+        verdict = "" if met is None else ("  [target met]" if met else "  [target MISSED]")
+        print(f"  {what}: {shown}{'  target ' + target if target else ''}{verdict}", flush=True)
+
+
+def overhead(b: Bench) -> None:
+    """bnlab's training step vs a bare loop, alternating, at 8 and 128 images per step."""
+    for batch, steps, every in ((8, b.n(110, 20), 10), (128, b.n(24, 8), 4)):
+        ours, bare = [], []
+        for _ in range(b.n(4, 1)):
+            ours += m.trainer_step_s("resnet18", batch, steps, every)
+            bare += m.bare_step_s("resnet18", batch, steps, every)[0]
+        t, ref = m.median(ours), m.median(bare)
+        b.row("overhead", f"trainer step, resnet18, {batch} images", t, "s/step", ref,
+              "bare PyTorch loop", "<= 1.05x", t / ref <= 1.05)
+
+
+def data_pipeline(b: Bench) -> None:
+    """Producing one augmented global batch, as a share of the step that consumes it."""
+    batch = 8
+    load = m.median(m.loader_s(batch, b.n(400, 50)))
+    step = m.median(m.trainer_step_s("resnet18", batch, b.n(60, 20), 10))
+    b.row("data", f"loader, one augmented batch of {batch}", load, "s", step,
+          "trainer step (resnet18)", "<= 3%", load / step <= 0.03)
+
+
+def simulation(b: Bench) -> None:
+    """One process simulating 4 ranks x 2 vs 4 real gloo processes x 2, per step."""
+    steps, warm = b.n(30, 6), b.n(5, 2)
+    sim = m.median(m.ddp_step_s("resnet18", "bn", 2, steps, warm, simulate=4))
+    real = m.real_ddp(4, "resnet18", "bn", 2, steps, warm)
+    b.row("sim", "real 4-process gloo DDP x 2, bn", real, "s/step", sim,
+          "simulated 4 x 2 (1 process)", ">= 3x", real / sim >= 3,
+          note="ratio = speed-up of the simulation")
+
+
+def syncbn_cost(b: Bench) -> None:
+    """syncbn (and the naive sync) vs bn in real gloo DDP at 2 and 4 processes."""
+    steps, warm = b.n(30, 6), b.n(5, 2)
+    for world, batch in ((2, 2), (4, 2), (2, 32)):
+        bn = m.real_ddp(world, "resnet18", "bn", batch, steps // (1 + batch // 8), warm)
+        for norm in ("syncbn", "syncbn_naive") if batch == 2 else ("syncbn",):
+            t = m.real_ddp(world, "resnet18", norm, batch, steps // (1 + batch // 8), warm)
+            target = "<= 1.15x" if norm == "syncbn" and batch == 2 else ""
+            b.row("syncbn", f"{norm}, {world}-process gloo, resnet18 x {batch}", t, "s/step",
+                  bn, f"bn, {world}-process gloo", target, t / bn <= 1.15 if target else None)
+
+
+def precisebn_cost(b: Bench) -> None:
+    """One recalibration of 4,096 images vs one epoch of training (table-jitter cell)."""
+    samples = b.n(4096, 512)
+    pb = m.precise_bn_s("resnet18", 4, 32, samples)
+    step = m.median(m.ddp_step_s("resnet18", "bn", 2, b.n(30, 6), 3, simulate=4))
+    epoch = step * CELL_STEPS / 5
+    b.row("precisebn", f"PreciseBN, {samples} images, 4 x 32 per batch", pb, "s", epoch,
+          f"one epoch (635 steps x {step:.4f} s, simulated 4 x 2)",
+          note="fraction of an epoch")
+
+
+def eval_throughput(b: Bench) -> None:
+    """Evaluation images/s at batch 256 (and resnet18 step images/s for scale)."""
+    n = b.n(1024, 256)
+    for model in ("resnet18", "resnet18_cifar"):
+        t = m.eval_s(model, 256, n)
+        b.row("eval", f"evaluation, {model}, batch 256", n / t, "images/s",
+              note=f"{n} images in {t:.2f} s")
+
+
+def _worker(fn: str, *args, **kw) -> subprocess.Popen:
+    """This script in worker mode: one measurement in its own process (for concurrency)."""
+    spec = json.dumps({"fn": fn, "args": args, "kw": kw})
+    return subprocess.Popen([sys.executable, __file__, "--worker", spec], text=True,
+                            stdout=subprocess.PIPE)
+
+
+def _results(procs: list[subprocess.Popen]) -> list:
+    outs = [p.communicate()[0] for p in procs]
+    return [json.loads(o.strip().splitlines()[-1]) for o in outs]
+
+
+def cell_rate(b: Bench, jobs: int, threads: int) -> tuple[float, float]:
+    """(s/step, s/eval) of the table-jitter cell with `jobs` runs side by side."""
+    steps = b.n(60, 12)
+    procs = [_worker("cell", steps, threads) for _ in range(jobs)]
+    res = _results(procs)
+    return (m.median([r[0] for r in res]), m.median([r[1] for r in res]))
+
+
+def threads_and_sweep(b: Bench) -> None:
+    """Threads per process and parallel jobs on this machine: steps of the table-jitter cell,
+    and the runs per hour they give (5 epochs: 3,175 steps and 25 evaluations per run)."""
+    cores = os.cpu_count() or 1
+    layouts = [(1, 1), (1, cores), (cores, 1), (cores, cores)]  # the last oversubscribes
+    per_hour = {}
+    for jobs, threads in dict.fromkeys(layouts):
+        step, ev = cell_rate(b, jobs, threads)
+        run_s = CELL_STEPS * step + CELL_EVALS * ev
+        per_hour[(jobs, threads)] = jobs * 3600 / run_s
+        b.row("threads", f"{jobs} job(s) x {threads} thread(s): step", step, "s/step",
+              note=f"evaluation {ev:.2f} s; one run = {run_s / 60:.1f} min")
+    base = per_hour[(1, cores)]
+    for (jobs, threads), rate in per_hour.items():
+        b.row("sweep", f"{jobs} job(s) x {threads} thread(s)", rate, "runs/h", base,
+              f"1 job x {cores} threads", note="table-jitter cell, estimated from the steps")
+
+
+def compile_speedup(b: Bench) -> None:
+    """torch.compile (inductor) on the bare loop: step time and compile time."""
+    steps = b.n(60, 20)
+    eager, t0_e = m.bare_step_s("resnet18", 8, steps, 10)
+    comp, t0_c = m.bare_step_s("resnet18", 8, steps, 10, compile_model=True)
+    b.row("compile", "torch.compile, resnet18, 8 images", m.median(comp), "s/step",
+          m.median(eager), "eager", note=f"first step {t0_c:.1f} s vs {t0_e:.2f} s eager")
+
+
+def channels_last(b: Bench) -> None:
+    """channels-last memory format on the bare loop, at 8 and 128 images."""
+    for batch, steps, every in ((8, b.n(60, 20), 10), (128, b.n(16, 8), 4)):
+        cl, ref = [], []
+        for _ in range(b.n(2, 1)):
+            cl += m.bare_step_s("resnet18", batch, steps, every, channels_last=True)[0]
+            ref += m.bare_step_s("resnet18", batch, steps, every)[0]
+        b.row("channels_last", f"channels-last, resnet18, {batch} images", m.median(cl),
+              "s/step", m.median(ref), "contiguous (default)")
+
+
+def preempt_check(b: Bench) -> None:
+    """The trainer's per-step preemption agreement (max all-reduce) in real 2-process DDP."""
+    steps, warm = b.n(40, 8), b.n(5, 2)
+    with_check = m.real_ddp(2, "resnet18", "bn", 2, steps, warm, check_stop=True)
+    without = m.real_ddp(2, "resnet18", "bn", 2, steps, warm)
+    b.row("preempt", "step with the preemption check, 2-process gloo", with_check, "s/step",
+          without, "without")
+
+
+SECTIONS: dict[str, Callable[[Bench], None]] = {
+    "overhead": overhead, "data": data_pipeline, "sim": simulation, "syncbn": syncbn_cost,
+    "precisebn": precisebn_cost, "eval": eval_throughput, "threads": threads_and_sweep,
+    "compile": compile_speedup, "channels_last": channels_last, "preempt": preempt_check,
+}
+
+
+def worker(spec: str) -> None:
+    s = json.loads(spec)
+    if s["fn"] == "cell":
+        steps, threads = s["args"]
+        step = m.median(m.trainer_step_s("resnet18", 2, steps, 6, CELL, threads=threads))
+        out = (step, m.eval_s("resnet18", 256, 1017))
+    else:
+        out = getattr(m, s["fn"])(*s["args"], **s["kw"])
+    print(json.dumps(out))
+
+
+def machine() -> dict:
+    from bnlab.rundir import machine as describe
+
+    return {"machine": describe(), "host": socket.gethostname(),
+            "python": platform.python_version(), "torch": torch.__version__}
+
+
+def save(out: Path, info: dict, run: dict, rows: list[dict]) -> None:
+    """Write this run's rows into `out`, keeping the sections it did not measure (from an
+    earlier run on the same machine); a file from another machine is kept as `.prev`."""
+    res = {"machine": info, "runs": [], "rows": []}
+    if out.is_file():
+        old = json.loads(out.read_text())
+        if old.get("machine") == info:
+            res = old
+        else:
+            out.rename(out.with_name(out.name + ".prev"))
+            print(f"kept the results of another machine as {out.name}.prev")
+    res["rows"] = [r for r in res["rows"] if r["bench"] not in run["sections"]]
+    res["runs"] = [r for r in res["runs"] if any(x["run"] == r["id"] for x in res["rows"])]
+    run["id"] = max((r["id"] for r in res["runs"]), default=-1) + 1
+    res["runs"].append(run)
+    res["rows"] += [{**r, "run": run["id"]} for r in rows]
+    order = list(SECTIONS)
+    res["rows"].sort(key=lambda r: order.index(r["bench"]))  # stable: a section's rows in order
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1) + "\n")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", default=",".join(SECTIONS),
+                   help=f"comma-separated sections (default all): {', '.join(SECTIONS)}")
+    p.add_argument("--quick", action="store_true", help="few steps: checks the code paths only")
+    p.add_argument("--out", type=Path, help="JSON results (default benchmarks/results/<host>.json)")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        worker(a.worker)
+        return 0
+    chosen = [s.strip() for s in a.only.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in SECTIONS]
+    if unknown:
+        print(f"bench: error: unknown section(s) {', '.join(unknown)}; choose from "
+              f"{', '.join(SECTIONS)}.", file=sys.stderr)
+        return 2
+    out = a.out or HERE / "results" / f"{socket.gethostname()}.json"
+    b, info, t0 = Bench(a.quick), machine(), time.perf_counter()
+    print(f"machine: {info['machine']}; torch {torch.__version__}"
+          f"{' (quick: code paths only)' if a.quick else ''}")
+    for name in chosen:
+        print(f"\n[{name}] {SECTIONS[name].__doc__.splitlines()[0]}", flush=True)
+        b.current = name
+        SECTIONS[name](b)
+    run = {"command": "python benchmarks/bench.py " + " ".join(sys.argv[1:]),
+           "commit": git_commit(), "date": time.strftime("%Y-%m-%d"), "quick": a.quick,
+           "sections": chosen, "wall_s": round(time.perf_counter() - t0, 1)}
+    save(out, info, run, b.rows)
+    print(f"\nwrote {out} ({(time.perf_counter() - t0) / 60:.1f} min)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The benchmark's bookkeeping and docs/performance.md rendering (no timing is asserted:
+figures come from `make bench`, never from tests)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench  # noqa: E402
+import perfdoc  # noqa: E402
+
+MACHINE = {"machine": "Test CPU, 2 cores, 4 GiB memory, no GPU", "host": "h",
+           "python": "3.11", "torch": "2.13.0"}
+
+
+def row(section: str, value: float, ref: float | None = None, target: str = "",
+        met: bool | None = None) -> dict:
+    return {"bench": section, "section": section, "what": f"{section} figure", "value": value,
+            "unit": "s", "ref": ref, "ref_what": "reference", "ratio": value / ref if ref else None,
+            "target": target, "met": met, "note": ""}
+
+
+def run(sections: list[str], quick: bool = False) -> dict:
+    return {"command": "python benchmarks/bench.py", "commit": "abc", "date": "2026-11-22",
+            "quick": quick, "sections": sections, "wall_s": 60.0}
+
+
+def test_a_partial_run_replaces_only_its_sections(tmp_path):
+    out = tmp_path / "h.json"
+    bench.save(out, MACHINE, run(["overhead", "sim"]), [row("overhead", 1.0), row("sim", 2.0)])
+    bench.save(out, MACHINE, run(["sim"]), [row("sim", 3.0)])
+    res = json.loads(out.read_text())
+    assert [(r["section"], r["value"], r["run"]) for r in res["rows"]] == \
+        [("overhead", 1.0, 0), ("sim", 3.0, 1)]
+    assert [r["id"] for r in res["runs"]] == [0, 1]
+    bench.save(out, MACHINE, run(["overhead", "sim"]), [row("overhead", 4.0), row("sim", 5.0)])
+    res = json.loads(out.read_text())
+    assert len(res["runs"]) == 1 and {r["run"] for r in res["rows"]} == {res["runs"][0]["id"]}
+
+
+def test_results_of_another_machine_are_kept_aside(tmp_path):
+    out = tmp_path / "h.json"
+    bench.save(out, MACHINE, run(["sim"]), [row("sim", 2.0)])
+    other = {**MACHINE, "machine": "Other CPU"}
+    bench.save(out, other, run(["sim"]), [row("sim", 9.0)])
+    assert json.loads(out.with_name("h.json.prev").read_text())["rows"][0]["value"] == 2.0
+    assert json.loads(out.read_text())["rows"][0]["value"] == 9.0
+
+
+def test_performance_page_shows_targets_missed_and_quick_runs(tmp_path, monkeypatch):
+    out = tmp_path / "h.json"
+    bench.save(out, MACHINE, run(["data", "syncbn"], quick=True),
+               [row("data", 0.002, 0.1, "<= 3%", True),
+                row("syncbn", 1.6, 1.0, "<= 1.15x", False)])
+    monkeypatch.setattr(perfdoc, "RUNS", tmp_path / "no-runs")
+    page = perfdoc.render([json.loads(out.read_text())])
+    assert "| data figure | 0.002 s | reference (0.1) | 2.00% | <= 3% | yes |" in page
+    assert "| syncbn figure | 1.6 s | reference (1) | 1.60x | <= 1.15x | **no** |" in page
+    assert "quick: code paths only" in page
+    assert "No GPU figures yet" in page
+
+
+def _sweep_run(root: Path, cell: str, seed: int, wall: float, **rec) -> None:
+    d = root / "cifar10-9" / cell / f"seed{seed}"
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"host": "h"}))
+    (d / "sweep.json").write_text(json.dumps({"cell": "bn", "rc": 0, "wall_s": wall,
+                                              "threads": 1, **rec}))
+
+
+def test_observed_sweep_throughput_comes_from_the_runs_records(tmp_path):
+    (tmp_path / "cifar10-9").mkdir()
+    (tmp_path / "cifar10-9" / "hosts.json").write_text(json.dumps({"h": "X, 2 cores"}))
+    _sweep_run(tmp_path, "resnet18-bn-4x2-abc", 0, 300.0)  # predates `jobs`: 2 cores / 1
+    _sweep_run(tmp_path, "resnet18-bn-4x2-abc", 1, 500.0, jobs=2)
+    _sweep_run(tmp_path, "resnet18-bn-4x2-abc", 2, 9000.0, jobs=2, launches=2)  # resumed
+    lines = perfdoc.observed_sweeps(tmp_path)
+    assert "| bn (resnet18-bn-4x2) | 1 | 2 | 400 s | 300-500 s | 2 | 18.0 |" in lines
+
+
+def test_unknown_section_is_one_sentence():
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench.py"), "--only", "nope"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.strip().startswith("bench: error: unknown section(s) nope; choose from")
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("name", list(bench.SECTIONS))
+def test_every_section_says_what_it_measures(name):
+    assert bench.SECTIONS[name].__doc__ and name in perfdoc.WHY
