@@ -119,10 +119,10 @@ def _ddp_cfg(model: str, norm: str, simulate: int) -> dict:
 
 
 def ddp_step_s(model: str, norm: str, batch: int, steps: int, warmup: int, simulate: int = 1,
-               threads: int = 0, check_stop: bool = False) -> list[float]:
+               threads: int = 0, check_stop: int = 0) -> list[float]:
     """Seconds per optimizer step with the trainer's pieces (wrap, TrainLoader, train_step),
-    on this rank or for the simulated group; `check_stop` adds the trainer's per-step
-    preemption agreement (a 1-element max all-reduce)."""
+    on this rank or for the simulated group; `check_stop` N adds the trainer's preemption
+    agreement (a 1-element max all-reduce) every N steps."""
     from bnlab.preempt import StopRequest
 
     env = dist.init("cpu", "gloo", threads=threads)
@@ -139,7 +139,7 @@ def ddp_step_s(model: str, norm: str, batch: int, steps: int, warmup: int, simul
         dist.barrier()
         t0 = time.perf_counter()
         trainer.train_step(net, micro, opt, meter, sync_grads=env.world * simulate > 1)
-        if check_stop:
+        if check_stop and i % check_stop == 0:
             request.pending(env)
         if i >= warmup:
             times.append(time.perf_counter() - t0)

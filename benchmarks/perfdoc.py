@@ -45,8 +45,10 @@ WHY = {
     "compile": "torch.compile (inductor, CPU) of the bare loop's model. A run of the "
                "table-jitter cell would also compile the simulated-rank BN layers.",
     "channels_last": "NHWC memory format for the model and its inputs (bare loop).",
-    "preempt": "In real DDP the trainer agrees on a pending SIGTERM/SIGUSR1 with a 1-element "
-               "max all-reduce at every step, so all ranks checkpoint at the same step.",
+    "preempt": "In real DDP the ranks agree on a pending SIGTERM/SIGUSR1 with a 1-element "
+               "max all-reduce (a collective and a host sync), so all ranks checkpoint at the "
+               "same step. It runs at every step; on CPU its cost is within the noise, and "
+               "whether a sparser check pays on a GPU (where it is a host sync) is unmeasured.",
 }
 
 
