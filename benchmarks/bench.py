@@ -98,6 +98,11 @@ def syncbn_cost(b: Bench) -> None:
             target = "<= 1.15x" if norm == "syncbn" and batch == 2 else ""
             b.row("syncbn", f"{norm}, {world}-process gloo, resnet18 x {batch}", t, "s/step",
                   bn, f"bn, {world}-process gloo", target, t / bn <= 1.15 if target else None)
+        local = m.real_ddp(world, "resnet18", "syncbn", batch, steps // (1 + batch // 8), warm,
+                           local_sync=True)
+        b.row("syncbn", f"syncbn without its collectives, {world}-process gloo, resnet18 x "
+              f"{batch}", local, "s/step", bn, f"bn, {world}-process gloo",
+              note="computation only: collectives replaced by local copies")
 
 
 def precisebn_cost(b: Bench) -> None:

@@ -119,11 +119,15 @@ def _ddp_cfg(model: str, norm: str, simulate: int) -> dict:
 
 
 def ddp_step_s(model: str, norm: str, batch: int, steps: int, warmup: int, simulate: int = 1,
-               threads: int = 0, check_stop: int = 0) -> list[float]:
+               threads: int = 0, check_stop: int = 0, local_sync: bool = False) -> list[float]:
     """Seconds per optimizer step with the trainer's pieces (wrap, TrainLoader, train_step),
     on this rank or for the simulated group; `check_stop` N adds the trainer's preemption
-    agreement (a 1-element max all-reduce) every N steps."""
+    agreement (a 1-element max all-reduce) every N steps; `local_sync` replaces SyncBN's
+    collectives by local copies (its computation without its communication)."""
     from bnlab.preempt import StopRequest
+
+    if local_sync:
+        _local_syncbn_collectives()
 
     env = dist.init("cpu", "gloo", threads=threads)
     cfg = _ddp_cfg(model, norm, simulate)
@@ -145,6 +149,29 @@ def ddp_step_s(model: str, norm: str, batch: int, steps: int, warmup: int, simul
             times.append(time.perf_counter() - t0)
     dist.teardown()
     return times
+
+
+def _local_syncbn_collectives() -> None:
+    """In this process, SyncBN's all_gather and all_reduce act as if every rank had sent
+    this rank's tensor: same shapes and arithmetic, no communication."""
+    import torch.distributed as tdist
+
+    import bnlab.syncbn
+
+    class Local:
+        def __getattr__(self, name):
+            return getattr(tdist, name)
+
+        @staticmethod
+        def all_gather(out, t, group=None):
+            for o in out:
+                o.copy_(t)
+
+        @staticmethod
+        def all_reduce(t, group=None, op=None):
+            t.mul_(tdist.get_world_size(group))
+
+    bnlab.syncbn.dist = Local()
 
 
 def real_ddp(nproc: int, *args, **kw) -> float:

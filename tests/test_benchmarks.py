@@ -63,6 +63,7 @@ def test_performance_page_shows_targets_missed_and_quick_runs(tmp_path, monkeypa
     page = perfdoc.render([json.loads(out.read_text())])
     assert "| data figure | 0.002 s | reference (0.1) | 2.00% | <= 3% | yes |" in page
     assert "| syncbn figure | 1.6 s | reference (1) | 1.60x | <= 1.15x | **no** |" in page
+    assert "Missed: syncbn figure (1.60x against <= 1.15x)" in page
     assert "quick: code paths only" in page
     assert "No GPU figures yet" in page
 
@@ -96,3 +97,13 @@ def test_unknown_section_is_one_sentence():
 @pytest.mark.parametrize("name", list(bench.SECTIONS))
 def test_every_section_says_what_it_measures(name):
     assert bench.SECTIONS[name].__doc__ and name in perfdoc.WHY
+
+
+def test_an_option_is_called_worth_it_only_where_it_was_faster():
+    rows = [row("compile", 2.0, 1.0), row("compile", 0.5, 1.0)]
+    rows[0]["what"], rows[1]["what"] = "compile, 8 images", "compile, 128 images"
+    text = perfdoc.option_verdict("compile", rows)
+    assert "slower than eager for 8 images (2.00x); faster than eager for 128 images" in text
+    assert text.endswith("it would pay only at the settings where it is faster.")
+    assert perfdoc.option_verdict("compile", rows[:1]).endswith("did not pay at any measured "
+                                                                "setting.")
