@@ -260,6 +260,7 @@ def main() -> int:
         return 2
     out = a.out or HERE / "results" / f"{socket.gethostname()}.json"
     b, info, t0 = Bench(a.quick), machine(), time.perf_counter()
+    commit = git_commit()  # the code measured: taken before the run, not after it
     print(f"machine: {info['machine']}; torch {torch.__version__}"
           f"{' (quick: code paths only)' if a.quick else ''}")
     for name in chosen:
@@ -267,7 +268,7 @@ def main() -> int:
         b.current = name
         SECTIONS[name](b)
     run = {"command": "python benchmarks/bench.py " + " ".join(sys.argv[1:]),
-           "commit": git_commit(), "date": time.strftime("%Y-%m-%d"), "quick": a.quick,
+           "commit": commit, "date": time.strftime("%Y-%m-%d"), "quick": a.quick,
            "sections": chosen, "wall_s": round(time.perf_counter() - t0, 1)}
     save(out, info, run, b.rows)
     print(f"\nwrote {out} ({(time.perf_counter() - t0) / 60:.1f} min)")
