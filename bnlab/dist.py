@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from bnlab.errors import BnlabError
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -84,12 +86,33 @@ def init(device: str = "auto", backend: str = "auto", timeout_s: float = 300,
         backend = "nccl" if dev.type == "cuda" else "gloo"
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    dist.init_process_group(
-        backend=backend,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        device_id=dev if backend == "nccl" else None,
-    )
+    try:
+        dist.init_process_group(
+            backend=backend,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=dev if backend == "nccl" else None,
+        )
+    except dist.DistError as e:
+        raise BnlabError(join_error(e, rank, world, timeout_s)) from None
     return DistEnv(rank, world, local_rank, dev, backend)
+
+
+def join_error(e: Exception, rank: int, world: int, timeout_s: float) -> str:
+    """One sentence for a process group that could not be formed (claim C11's second
+    pitfall, every process started as rank 0, ends here)."""
+    where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if "EADDRINUSE" in first or "address already in use" in first:
+        return (f"rank {rank} could not listen on {where}: the port is in use, by another job "
+                "or by a second process that was also started as RANK=0; choose a free "
+                "MASTER_PORT, and give each process its own RANK (torchrun does).")
+    if "Timed out" in first or "timed out" in first:
+        return (f"the {world} processes did not all join the process group at {where} within "
+                f"dist.timeout_s={timeout_s:g} s ({first}); start each process with its own "
+                f"RANK from 0 to {world - 1} (torchrun does) and the same MASTER_ADDR, "
+                "MASTER_PORT and WORLD_SIZE.")
+    return (f"rank {rank} could not join the process group at {where} ({first}); check "
+            "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (torchrun sets them).")
 
 
 def teardown(wait_for_others: bool = True) -> None:

@@ -80,7 +80,10 @@ def worker(cfg: dict, run_dir: str, meta: dict, resuming: bool = False) -> dict:
     """One rank: join the group, train, leave. Bad input found here is returned, not raised;
     any other failure marks the run failed (a checkpoint, if any, lets it resume)."""
     d = cfg["dist"]
-    env = dist.init(d["device"], d["backend"], d["timeout_s"], d["threads"])
+    try:
+        env = dist.init(d["device"], d["backend"], d["timeout_s"], d["threads"])
+    except BnlabError as e:  # the process group could not be formed: nothing has started
+        return {"ok": False, "error": str(e)}
     try:
         result = {"ok": True, **trainer.run(cfg, Path(run_dir), env, meta, resuming)}
     except BnlabError as e:  # raised identically on every rank, before any collective

@@ -97,29 +97,34 @@ CASES = [
     Case("nproc_per_node larger than the machine allows", ["dist.nproc_per_node=4096"], 2),
 ]
 
-# Faults that need a process to be killed mid-run: checked by tests/test_resume.py.
+# Faults that need processes killed or misconfigured mid-run: each checked by the named test.
 FAULTS = [
     ("kill -9 mid-epoch, then the same command again",
-     "test_kill_9_mid_epoch_then_resume_reproduces_the_run_bitwise",
+     "test_resume.py::test_kill_9_mid_epoch_then_resume_reproduces_the_run_bitwise",
      "status stays `running`; the relaunch resumes from the last checkpoint (`resume=auto`), "
      "drops metrics lines past it (and a torn last line), and ends with the same parameters, "
      "buffers, optimizer state and metrics.jsonl as the uninterrupted run, bit for bit"),
     ("SIGTERM (or SIGUSR1) during training",
-     "test_sigterm_checkpoints_at_the_next_step_and_the_next_launch_resumes",
+     "test_resume.py::test_sigterm_checkpoints_at_the_next_step_and_the_next_launch_resumes",
      "checkpoint at the next step boundary, status `preempted` with the step and signal, exit "
      "75; the next launch resumes and reproduces the uninterrupted run bitwise"),
     ("one of 2 gloo ranks killed (-9) mid-training",
-     "test_a_dead_rank_stops_the_others_marks_the_run_failed_and_relaunch_resumes",
+     "test_resume.py::test_a_dead_rank_stops_the_others_marks_the_run_failed_and_relaunch_resumes",
      "the other rank stops within seconds (gloo: connection reset), status `failed` with the "
      "error, one-sentence message, exit 1; relaunching resumes bitwise from the last checkpoint"),
     ("NaN / inf training loss (lr 1e6)",
-     "test_nan_loss_marks_the_run_diverged_and_a_multirun_goes_on",
+     "test_resume.py::test_nan_loss_marks_the_run_diverged_and_a_multirun_goes_on",
      "stops at the next log line, status `diverged` with the step, exit 3; in a `-m` multirun "
      "the other jobs go on (`on_nan=continue` keeps training)"),
     ("a run directory whose run is still running, finished or another experiment",
-     "test_finished_live_or_refused_runs_are_never_resumed",
+     "test_resume.py::test_finished_live_or_refused_runs_are_never_resumed",
      "refused with one sentence: completed and diverged runs are never overwritten, a live "
      "run (same host, pid alive) is not touched, a changed model/norm/batch is not resumed"),
+    ("every process started as RANK=0 (WORLD_SIZE=2, same MASTER_PORT)",
+     "test_dist.py::test_two_processes_both_started_as_rank_0_get_one_sentence_each",
+     "each process exits with 2 and one sentence: the port is in use, or the processes did not "
+     "all join within `dist.timeout_s`; both name the fix (each process its own RANK, as "
+     "torchrun gives); no run starts"),
 ]
 
 
@@ -169,7 +174,7 @@ def write_doc() -> None:
         lines.append(row(case.name, case.command(), f"{code}: {msg}"))
         print(f"{code}  {case.name}: {msg}", flush=True)
     lines += ["", "## Faults during a run", "",
-              "| fault | checked by (tests/test_resume.py) | observed behaviour |",
+              "| fault | checked by (tests/) | observed behaviour |",
               "|---|---|---|"]
     lines += [row(name, test, what) for name, test, what in FAULTS]
     lines += ["", "wandb with no network: `logger=wandb` picks offline mode before `wandb.init` "

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -11,6 +15,7 @@ from bnlab.metrics import Meter
 from bnlab.models import build_model
 from bnlab.norms import convert_norm
 from bnlab.trainer import train_step
+from conftest import ROOT
 
 
 def _fake_step(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -108,3 +113,31 @@ def test_slurm_tasks_become_ranks_and_share_one_run_directory(monkeypatch):
     monkeypatch.setattr(hydra_setup, "_stamp", None)
     assert hydra_setup.run_stamp() == "slurm-777"
     monkeypatch.setattr(hydra_setup, "_stamp", None)
+
+
+# -- C11: every process started as rank 0 ------------------------------------------------------
+
+def test_join_error_names_the_port_in_use_and_the_fix():
+    e = RuntimeError("The server socket has failed to listen on any local network address. "
+                     "port: 29500, useIpv6: false, code: -98, name: EADDRINUSE")
+    msg = dist.join_error(e, 0, 2, 30)
+    assert "the port is in use" in msg and "own RANK" in msg and "\n" not in msg
+
+
+def test_two_processes_both_started_as_rank_0_get_one_sentence_each(tmp_path):
+    """The C11 pitfall: RANK=0 in every process. Each exits with status 2 and one sentence
+    (which one depends on who binds MASTER_PORT first), no traceback."""
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29593"}
+    cmd = [sys.executable, str(ROOT / "train.py"), "data=synthetic", "data.num_train=64",
+           "data.num_val=32", "model=resnet20", "batch_per_gpu=4", "epochs=1", "norm=syncbn",
+           "dist.timeout_s=5", "progress=false"]
+    procs = [subprocess.Popen([*cmd, f"hydra.run.dir={tmp_path / str(i)}"], cwd=tmp_path,
+                              env=env, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for p in procs:
+        err = p.communicate(timeout=120)[1]
+        lines = [x for x in err.splitlines() if x.startswith("bnlab: error:")]
+        assert p.returncode == 2, err[-1500:]
+        assert "Traceback" not in err and len(lines) == 1
+        assert "own RANK" in lines[0]
+    assert not any((tmp_path / str(i) / "status.json").exists() for i in range(2))
