@@ -9,7 +9,7 @@ export BNLAB_TEST_DATA ?= $(abspath ../shared/data/cifar10-mini)
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-slow lint demo bench perf-doc clean table-jitter table-batch table-ranks \
-	tables report
+	tables report table-pitfalls
 JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 SWEEP = $(PY) -m bnlab.sweep $(if $(DATA),--data $(DATA)) --jobs $(JOBS)
 
@@ -58,8 +58,12 @@ tables: install ## all three sweeps in one pool (shared cells run once), then ev
 	$(SWEEP) experiments/jitter/sweep.yaml experiments/ranks/sweep.yaml experiments/batch/sweep.yaml
 	$(PY) -m bnlab.tables all
 
+table-pitfalls: install ## C11: SyncBN conversion/launch pitfalls, measured -> experiments/pitfalls/
+	$(PY) -m bnlab.pitfalls
+
 report: install ## regenerate every table, plot and verdict from existing runs (no training)
 	$(PY) -m bnlab.tables all
+	$(PY) -m bnlab.pitfalls --report
 
 clean: ## remove outputs/ (all run directories)
 	rm -rf outputs
