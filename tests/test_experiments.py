@@ -256,3 +256,26 @@ def test_collect_ignores_unfinished_runs(tmp_path):
     cell = spec.cells[0]
     fake_run(tmp_path / "t" / cell.key / "seed0", [1.0] * 25, status="running")
     assert collect(spec, "t", tmp_path)[0].runs == []
+
+
+class _Cell:
+    """A table cell with given means (what the verdict rules read)."""
+
+    def __init__(self, final: float):
+        self.final = final
+
+    def stat(self, key: str) -> Stat:
+        return Stat.of([self.final])
+
+
+def test_l1_compares_only_sizes_where_both_rows_learned():
+    from bnlab.verdicts import l1
+
+    accs = {"bn": {32: 30.0, 16: 35.0, 8: 39.5, 4: 33.0, 2: 16.4},
+            "gn": {32: 10.8, 16: 9.0, 8: 31.8, 4: 37.7, 2: 40.6}}
+    table = {"batch": {f"{r} {b}": _Cell(a) for r, by in accs.items() for b, a in by.items()}}
+    v = l1(table)
+    assert v.verdict == "reproduced" and "from 8 to 2" in v.ours
+    assert "gn at 32, gn at 16" in v.why
+    table["batch"]["gn 8"] = _Cell(11.0)
+    assert l1(table).verdict == "not reproduced"
