@@ -9,7 +9,7 @@ export BNLAB_TEST_DATA ?= $(abspath ../shared/data/cifar10-mini)
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-slow lint demo bench perf-doc clean table-jitter table-batch table-ranks \
-	tables report table-pitfalls
+	tables report table-pitfalls figure-losslog
 JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 SWEEP = $(PY) -m bnlab.sweep $(if $(DATA),--data $(DATA)) --jobs $(JOBS)
 
@@ -61,9 +61,13 @@ tables: install ## all three sweeps in one pool (shared cells run once), then ev
 table-pitfalls: install ## C11: SyncBN conversion/launch pitfalls, measured -> experiments/pitfalls/
 	$(PY) -m bnlab.pitfalls
 
+figure-losslog: install ## C13: one run's loss logged sparsely vs as a running mean -> experiments/losslog/
+	$(PY) -m bnlab.losslog
+
 report: install ## regenerate every table, plot and verdict from existing runs (no training)
 	$(PY) -m bnlab.tables all
 	$(PY) -m bnlab.pitfalls --report
+	$(PY) -m bnlab.losslog
 
 clean: ## remove outputs/ (all run directories)
 	rm -rf outputs

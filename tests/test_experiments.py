@@ -279,3 +279,25 @@ def test_l1_compares_only_sizes_where_both_rows_learned():
     assert "gn at 32, gn at 16" in v.why
     table["batch"]["gn 8"] = _Cell(11.0)
     assert l1(table).verdict == "not reproduced"
+
+
+def test_losslog_compares_the_two_curves_of_one_run(tmp_path, monkeypatch):
+    from bnlab import losslog
+
+    spec = load_spec(ROOT / "experiments/jitter/sweep.yaml")
+    cell = next(c for c in spec.cells if c.label == "bn")
+    d = tmp_path / "runs" / "t" / cell.key / "seed0"
+    d.mkdir(parents=True)
+    sparse, mean = [2.0, 3.0, 1.0, 3.0, 1.0], [2.0, 2.2, 2.0, 2.2, 2.0]
+    (d / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": 25 * (i + 1), "train/loss": m, "train/loss_rank0": s}) + "\n"
+        for i, (s, m) in enumerate(zip(sparse, mean, strict=True))))
+    monkeypatch.setattr(losslog, "README", tmp_path / "README.md")
+    losslog.build(["bn"], 0, "t", out=tmp_path / "out", root=tmp_path / "runs")
+    text = (tmp_path / "out" / "table.md").read_text()
+    ratio = losslog.roughness(sparse) / losslog.roughness(mean)
+    assert f"{ratio:.1f}x" in text and "**C13 verdict: reproduced.**" in text
+    assert (tmp_path / "out" / "losslog.png").stat().st_size > 0
+    assert "<!-- c13:begin -->" in (tmp_path / "README.md").read_text()
+    with pytest.raises(BnlabError, match="run `make table-jitter` first"):
+        losslog.build(["syncbn"], 0, "t", out=tmp_path / "out", root=tmp_path / "runs")
