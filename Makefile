@@ -9,7 +9,7 @@ export BNLAB_TEST_DATA ?= $(abspath ../shared/data/cifar10-mini)
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-slow lint demo bench perf-doc clean table-jitter table-batch table-ranks \
-	tables report table-pitfalls figure-losslog
+	tables report table-pitfalls figure-losslog table-evalmode
 JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 SWEEP = $(PY) -m bnlab.sweep $(if $(DATA),--data $(DATA)) --jobs $(JOBS)
 
@@ -58,6 +58,9 @@ tables: install ## all three sweeps in one pool (shared cells run once), then ev
 	$(SWEEP) experiments/jitter/sweep.yaml experiments/ranks/sweep.yaml experiments/batch/sweep.yaml
 	$(PY) -m bnlab.tables all
 
+table-evalmode: install ## C10: eval vs train mode from checkpoints (DATA=<cifar dir>) -> experiments/evalmode/
+	$(PY) -m bnlab.evalmode $(if $(DATA),--data $(DATA))
+
 table-pitfalls: install ## C11: SyncBN conversion/launch pitfalls, measured -> experiments/pitfalls/
 	$(PY) -m bnlab.pitfalls
 
@@ -67,6 +70,7 @@ figure-losslog: install ## C13: one run's loss logged sparsely vs as a running m
 report: install ## regenerate every table, plot and verdict from existing runs (no training)
 	$(PY) -m bnlab.tables all
 	$(PY) -m bnlab.pitfalls --report
+	$(PY) -m bnlab.evalmode --report
 	$(PY) -m bnlab.losslog
 
 clean: ## remove outputs/ (all run directories)

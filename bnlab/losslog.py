@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bnlab.errors import BnlabError
+from bnlab.errors import BnlabError, run_cli
 from bnlab.metrics import read_jsonl
 from bnlab.sweep import ROOT, RUNS, load_spec, run_dir
 
@@ -131,12 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tag", help="data tag (default: the only folder of experiments/runs)")
     a = p.parse_args(argv)
-    try:
-        build(a.cells, a.seed, a.tag or default_tag())
-    except BnlabError as e:
-        print(f"bnlab: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return run_cli(lambda: build(a.cells, a.seed, a.tag or default_tag()))
 
 
 if __name__ == "__main__":

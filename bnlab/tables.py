@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bnlab import plots
 from bnlab.analysis import MIN_EVALS, WINDOW
-from bnlab.errors import BnlabError
+from bnlab.errors import BnlabError, run_cli
 from bnlab.results import CellResult, collect, fmt
 from bnlab.sweep import ROOT, RUNS, Spec, load_spec
 
@@ -216,16 +216,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tag", help="data tag: a folder of experiments/runs (default: the only one)")
     a = p.parse_args(argv)
     names = list(TABLES) if "all" in a.names else a.names
-    try:
+
+    def body() -> None:
         tag = a.tag or default_tag()
         results = {n: build(n, tag) for n in names}
         if set(TABLES) <= set(results):
             from bnlab.verdicts import write_readme
             write_readme(results, tag, EXPERIMENTS / "README.md")
-    except BnlabError as e:
-        print(f"bnlab: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+
+    return run_cli(body)
 
 
 if __name__ == "__main__":
