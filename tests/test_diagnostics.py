@@ -85,6 +85,7 @@ def test_values_per_channel_and_risk():
     assert set(risky) == {n for n in counts if n.startswith("layer4") or n.startswith("layer3")}
 
 
+@pytest.mark.slow  # CI time (25 s); make test-slow runs it
 def test_diagnose_mode_lists_layers_at_risk_without_a_checkpoint(tmp_path):
     args = ["diagnose.enabled=true", "diagnose.model=resnet18", "diagnose.world=4",
             "diagnose.batch_per_gpu=2"]
@@ -106,6 +107,7 @@ def test_evaluate_refuses_missing_or_corrupt_checkpoints(tmp_path, content):
     assert "bnlab: error: checkpoint:" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow  # CI time: evaluate.py is checked by test_train's evaluate test
 @needs_cifar
 def test_evaluate_a_simulated_four_rank_run(tmp_path):
     r = run_entry("train.py", *SMOKE, f"output_dir={tmp_path}/out", "dist.simulate=4",

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -124,6 +125,7 @@ def test_join_error_names_the_port_in_use_and_the_fix():
     assert "the port is in use" in msg and "own RANK" in msg and "\n" not in msg
 
 
+@pytest.mark.slow  # CI time (19 s); the sentence is unit-tested above
 def test_two_processes_both_started_as_rank_0_get_one_sentence_each(tmp_path):
     """The C11 pitfall: RANK=0 in every process. Each exits with status 2 and one sentence
     (which one depends on who binds MASTER_PORT first), no traceback."""

@@ -132,6 +132,7 @@ def test_sweep_runs_cells_skips_finished_ones_and_sets_unfinished_aside(tmp_path
     assert (dirs[0] / "metrics.jsonl").read_text() == before  # resumed at the end: no new rows
 
 
+@pytest.mark.slow  # CI time (71 s); resuming preempted runs is also in the test above
 def test_sigterm_stops_the_sweep_and_the_same_command_resumes_it(tmp_path):
     spec = tiny_spec(tmp_path, num_train=512)
     root = tmp_path / "runs"

@@ -106,6 +106,7 @@ def test_sigterm_checkpoints_at_the_next_step_and_the_next_launch_resumes(refere
     assert_same_run(reference, d)
 
 
+@pytest.mark.slow  # CI time (84 s); make test-slow runs it
 def test_a_dead_rank_stops_the_others_marks_the_run_failed_and_relaunch_resumes(tmp_path):
     ddp = [*TINY, "dist.nproc_per_node=2"]
     ref = tmp_path / "ref"
