@@ -188,7 +188,7 @@ def preempt_check(b: Bench) -> None:
     steps, warm = b.n(60, 10), b.n(5, 2)
     every, without = [], []
     for _ in range(b.n(2, 1)):
-        every.append(m.real_ddp(2, "resnet18", "bn", 2, steps, warm, check_stop=1))
+        every.append(m.real_ddp(2, "resnet18", "bn", 2, steps, warm, check_stop=True))
         without.append(m.real_ddp(2, "resnet18", "bn", 2, steps, warm))
     b.row("preempt", "agreement at every step (the trainer), 2-process gloo", m.median(every),
           "s/step", m.median(without), "no agreement")

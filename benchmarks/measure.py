@@ -7,7 +7,6 @@ optimizer update; CPU only here, so no device synchronisation is needed.
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 import time
@@ -18,7 +17,7 @@ import torch.nn.functional as F
 
 from bnlab import dist, trainer
 from bnlab.data import Dataset, TrainLoader, augment, build_dataset, make_synthetic
-from bnlab.metrics import Meter
+from bnlab.metrics import Meter, read_jsonl
 from bnlab.models import build_model
 from bnlab.optim import build_optimizer
 from bnlab.precise_bn import recalibrate
@@ -56,7 +55,7 @@ def trainer_step_s(model: str, batch: int, steps: int, every: int, extra: list[s
     env = dist.init("cpu", "gloo", threads=threads)
     with tempfile.TemporaryDirectory() as d:
         trainer.run(cfg, Path(d), env)
-        rows = [json.loads(line) for line in (Path(d) / "metrics.jsonl").read_text().splitlines()]
+        rows = read_jsonl(Path(d) / "metrics.jsonl")
     dist.teardown()
     rates = [r["images_per_s"] for r in rows if "images_per_s" in r][1:]
     return [batch * world / r for r in rates]
@@ -119,10 +118,11 @@ def _ddp_cfg(model: str, norm: str, simulate: int) -> dict:
 
 
 def ddp_step_s(model: str, norm: str, batch: int, steps: int, warmup: int, simulate: int = 1,
-               threads: int = 0, check_stop: int = 0, local_sync: bool = False) -> list[float]:
+               threads: int = 0, check_stop: bool = False, local_sync: bool = False
+               ) -> list[float]:
     """Seconds per optimizer step with the trainer's pieces (wrap, TrainLoader, train_step),
-    on this rank or for the simulated group; `check_stop` N adds the trainer's preemption
-    agreement (a 1-element max all-reduce) every N steps; `local_sync` replaces SyncBN's
+    on this rank or for the simulated group; `check_stop` adds the trainer's per-step
+    preemption agreement (a 1-element max all-reduce); `local_sync` replaces SyncBN's
     collectives by local copies (its computation without its communication)."""
     from bnlab.preempt import StopRequest
 
@@ -143,7 +143,7 @@ def ddp_step_s(model: str, norm: str, batch: int, steps: int, warmup: int, simul
         dist.barrier()
         t0 = time.perf_counter()
         trainer.train_step(net, micro, opt, meter, sync_grads=env.world * simulate > 1)
-        if check_stop and i % check_stop == 0:
+        if check_stop:
             request.pending(env)
         if i >= warmup:
             times.append(time.perf_counter() - t0)

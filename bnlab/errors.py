@@ -15,3 +15,17 @@ def run_cli(body) -> int:
     except BnlabError as e:
         print(f"bnlab: error: {e}", file=sys.stderr)
         return 2
+
+
+def results(path, report: bool, measure, target: str) -> dict:
+    """`path` (a results.json) read back with `report`, else measured and saved."""
+    import json
+
+    if report:
+        if not path.is_file():
+            raise BnlabError(f"no {path}; run `{target}` first.")
+        return json.loads(path.read_text())
+    res = measure()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=1) + "\n")
+    return res

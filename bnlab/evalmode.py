@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from bnlab.errors import BnlabError, run_cli
+from bnlab.errors import BnlabError, results, run_cli
 from bnlab.sweep import ROOT, RUNS, data_tag, load_spec, plan, sweep
 
 SPEC = ROOT / "experiments" / "evalmode" / "sweep.yaml"
@@ -156,9 +156,7 @@ def write(res: dict, out: Path = OUT) -> None:
     from bnlab.verdicts import write_block
 
     v = verdict(res)
-    write_block(ROOT / "experiments" / "README.md", "c10", [
-        "| claim | command | claimed | ours | verdict | why |", "|---|---|---|---|---|---|",
-        f"| {v.claim} | `{v.command}` | {v.claimed} | {v.ours} | **{v.verdict}** | {v.why} |"])
+    write_block(ROOT / "experiments" / "README.md", "c10", v)
     print(f"wrote {out / 'table.md'}")
 
 
@@ -171,18 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     path = OUT / "results.json"
 
-    def body() -> None:
-        if a.report:
-            if not path.is_file():
-                raise BnlabError(f"no {path}; run `make table-evalmode` first.")
-            res = json.loads(path.read_text())
-        else:
-            res = measure(a.data, a.jobs, a.runs)
-            OUT.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(res, indent=1) + "\n")
-        write(res)
-
-    return run_cli(body)
+    return run_cli(lambda: write(results(
+        path, a.report, lambda: measure(a.data, a.jobs, a.runs), "make table-evalmode")))
 
 if __name__ == "__main__":
     sys.exit(main())

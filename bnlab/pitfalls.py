@@ -11,7 +11,6 @@ that drift apart across ranks, a refusal), not accuracy.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import subprocess
@@ -20,6 +19,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from bnlab.errors import results, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "experiments" / "pitfalls"
@@ -273,34 +274,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", action="store_true",
                    help="only regenerate table.md (and the verdict) from results.json")
     a = p.parse_args(argv)
-    a.out.mkdir(parents=True, exist_ok=True)
-    path = a.out / "results.json"
-    if a.report:
-        if not path.is_file():
-            print(f"bnlab: error: no {path}; run `make table-pitfalls` first.", file=sys.stderr)
-            return 2
-        res = json.loads(path.read_text())
-    else:
-        import torch
+    return run_cli(lambda: write(results(a.out / "results.json", a.report, measure,
+                                         "make table-pitfalls"), a.out))
 
-        from bnlab.rundir import git_commit, machine
 
-        res = {"date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
-               "machine": machine(), "torch": torch.__version__}
-        for key, (title, fn) in CASES.items():
-            print(f"{title} ...", flush=True)
-            res[key] = fn()
-        path.write_text(json.dumps(res, indent=1) + "\n")
-    (a.out / "table.md").write_text(table(res))
+def measure() -> dict:
+    """Every case, run now, with where and with what it ran."""
+    import torch
+
+    from bnlab.rundir import git_commit, machine
+
+    res = {"date": time.strftime("%Y-%m-%d"), "commit": git_commit(), "machine": machine(),
+           "torch": torch.__version__}
+    for key, (title, fn) in CASES.items():
+        print(f"{title} ...", flush=True)
+        res[key] = fn()
+    return res
+
+
+def write(res: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.md").write_text(table(res))
     from bnlab.verdicts import write_block
 
-    v = verdict(res)
-    write_block(ROOT / "experiments" / "README.md", "c11", [
-        "| claim | command | claimed | ours | verdict | why |", "|---|---|---|---|---|---|",
-        f"| {v.claim} | `{v.command}` | {v.claimed} | {v.ours} | **{v.verdict}** | {v.why} |"])
-    print(f"wrote {a.out / 'table.md'}")
-    return 0
-
+    write_block(ROOT / "experiments" / "README.md", "c11", verdict(res))
+    print(f"wrote {out / 'table.md'}")
 
 if __name__ == "__main__":
     sys.exit(main())

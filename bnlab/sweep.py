@@ -187,11 +187,11 @@ def resumable(d: Path) -> bool:
 
 
 def launch(cell: Cell, seed: int, d: Path, data: str | None, threads: int,
-           extra: list[str], jobs: Jobs | None = None) -> tuple[str, float]:
+           extra: list[str], jobs: Jobs) -> tuple[str, float]:
     """One train.py run in its own process (resuming the run in `d` if it has a checkpoint);
     returns (status, wall seconds of this launch). sweep.json sums the wall time of all
     launches of the run."""
-    if jobs and jobs.stopping:  # the sweep is stopping: this run never starts
+    if jobs.stopping:  # the sweep is stopping: this run never starts
         return "not started", 0.0
     d.mkdir(parents=True, exist_ok=True)
     before = json.loads((d / "sweep.json").read_text()) if (d / "sweep.json").is_file() else {}
@@ -201,19 +201,18 @@ def launch(cell: Cell, seed: int, d: Path, data: str | None, threads: int,
     with open(d / "train.log", "a" if before else "w") as log:
         kw = dict(cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        proc = (jobs or Jobs()).start(cmd, **kw)
+        proc = jobs.start(cmd, **kw)
         if proc is None:
             return "not started", 0.0
         rc = proc.wait()
-        if jobs:
-            jobs.done(proc)
+        jobs.done(proc)
     wall = time.perf_counter() - t0
     status = read_status(d) or "failed"
     if rc != 0 and status == "running":
         status = "failed"
     rec = {"cell": cell.label, "seed": seed, "rc": rc,
            "wall_s": round(before.get("wall_s", 0.0) + wall, 1), "threads": threads,
-           "jobs": jobs.n if jobs else 1,
+           "jobs": jobs.n,
            "launches": before.get("launches", 1 if before else 0) + 1}
     (d / "sweep.json").write_text(json.dumps(rec) + "\n")
     return status, wall

@@ -241,11 +241,7 @@ def write_readme(tables: dict[str, dict[str, CellResult]], tag: str, path: Path)
     done = len({r.path for c in cells for r in c.runs})
     expected = len({(c.cell.key, s) for c in cells for s in c.cell.seeds})
     mark = "" if done == expected else " (preliminary)"
-    rows = ["| claim | command | claimed | ours | verdict | why |", "|---|---|---|---|---|---|"]
-    for v in verdicts(tables):
-        verdict = v.verdict + (mark if v.verdict != "not run yet" else "")
-        rows.append(f"| {v.claim} | `{v.command}` | {v.claimed} | {v.ours} | **{verdict}** "
-                    f"| {v.why} |")
+    rows = claim_rows(verdicts(tables), mark)
     status = "" if done == expected else (
         f"**Preliminary:** {done} of the {expected} runs the three tables call for have "
         "finished (most cells have 1 seed of 3); the sweep goes on with `make tables`, and "
@@ -267,8 +263,18 @@ def _replace(path: Path, begin: str, end: str, block: str) -> None:
     path.write_text(head + block + rest.split(end, 1)[1])
 
 
-def write_block(path: Path, name: str, rows: list[str]) -> None:
-    """A claim table of a table that is not a sweep (e.g. the pitfalls), between its own
+def claim_rows(vs: list[Verdict], mark: str = "") -> list[str]:
+    """The claims' markdown table; `mark` follows each verdict that was decided."""
+    rows = ["| claim | command | claimed | ours | verdict | why |", "|---|---|---|---|---|---|"]
+    for v in vs:
+        verdict = v.verdict + (mark if v.verdict != "not run yet" else "")
+        rows.append(f"| {v.claim} | `{v.command}` | {v.claimed} | {v.ours} | **{verdict}** "
+                    f"| {v.why} |")
+    return rows
+
+
+def write_block(path: Path, name: str, v: Verdict) -> None:
+    """The verdict of a table that is not a sweep (e.g. the pitfalls), between its own
     markers `<!-- name:begin -->` and `<!-- name:end -->`."""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    _replace(path, begin, end, "\n".join([begin, *rows, end]))
+    _replace(path, begin, end, "\n".join([begin, *claim_rows([v]), end]))

@@ -289,14 +289,15 @@ def test_losslog_compares_the_two_curves_of_one_run(tmp_path, monkeypatch):
     cell = next(c for c in spec.cells if c.label == "bn")
     d = tmp_path / "runs" / "t" / cell.key / "seed0"
     d.mkdir(parents=True)
-    sparse, mean = [2.0, 3.0, 1.0, 3.0, 1.0], [2.0, 2.2, 2.0, 2.2, 2.0]
+    sparse = [2.0, 3.0, 1.0, 3.0, 1.0, 3.0, 1.0, 2.0]
+    mean = [2.0, 2.2, 2.0, 2.2, 2.0, 2.2, 2.0, 2.1]
     (d / "metrics.jsonl").write_text("".join(
         json.dumps({"step": 25 * (i + 1), "train/loss": m, "train/loss_rank0": s}) + "\n"
         for i, (s, m) in enumerate(zip(sparse, mean, strict=True))))
     monkeypatch.setattr(losslog, "README", tmp_path / "README.md")
     losslog.build(["bn"], 0, "t", out=tmp_path / "out", root=tmp_path / "runs")
     text = (tmp_path / "out" / "table.md").read_text()
-    ratio = losslog.roughness(sparse) / losslog.roughness(mean)
+    ratio = step_sd(sparse) / step_sd(mean)
     assert f"{ratio:.1f}x" in text and "**C13 verdict: reproduced.**" in text
     assert (tmp_path / "out" / "losslog.png").stat().st_size > 0
     assert "<!-- c13:begin -->" in (tmp_path / "README.md").read_text()
