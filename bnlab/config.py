@@ -43,6 +43,22 @@ def without(cfg: dict, keys) -> dict:
     return c
 
 
+# Keys added after runs were made, at the value those runs had: a config holding one at that
+# value is the same experiment as one without it (run directory names, resume checks).
+ADDED_LATER = {"on_nan": "stop", "data.rank_skew": False}
+
+
+def _get_dotted(cfg: dict, dotted: str):
+    for part in dotted.split("."):
+        cfg = cfg.get(part) if isinstance(cfg, dict) else None
+    return cfg
+
+
+def without_added_later(cfg: dict) -> dict:
+    """`cfg` without the ADDED_LATER keys that hold their old value."""
+    return without(cfg, [k for k, v in ADDED_LATER.items() if _get_dotted(cfg, k) == v])
+
+
 def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
     """Dotted keys whose values differ between two configs."""
     out = []
@@ -110,6 +126,9 @@ def validate(cfg: dict) -> None:
     for k in ("data.train_limit", "data.val_limit"):
         _pos_int(cfg, k, "a non-negative integer (0 = all)", minimum=0)
     _pos_int(cfg, "data.eval_batch")
+    for k in ("augment", "rank_skew"):
+        v = cfg["data"].get(k, False)
+        _need(isinstance(v, bool), f"data.{k}", "true or false", v)
 
     o = cfg["optim"]
     _need(_is_num(o["lr"]) and o["lr"] > 0, "optim.lr", "a positive number", o["lr"])

@@ -209,14 +209,21 @@ class EpochPlan:
 
 
 class TrainLoader:
-    """Yields, per optimizer step, this rank's `grad_accum` micro-batches (x float, y)."""
+    """Yields, per optimizer step, this rank's `grad_accum` micro-batches (x float, y).
+
+    `rank_skew` (claim C12): each global micro-batch is sorted by label before it is split
+    across the ranks, so the ranks see different classes (and batch statistics) while the
+    global batch, and so SyncBN's statistics, stay those of the unsorted order.
+    """
 
     def __init__(self, data: Dataset, device: torch.device, batch_per_gpu: int, world: int,
-                 rank: int, grad_accum: int, seed: int, augment: bool):
+                 rank: int, grad_accum: int, seed: int, augment: bool,
+                 rank_skew: bool = False):
         self.split = data.train.to(device)
+        self.labels = data.train.y.cpu()
         self.device = device
         self.b, self.world, self.rank, self.k = batch_per_gpu, world, rank, grad_accum
-        self.seed, self.augment = seed, augment
+        self.seed, self.augment, self.rank_skew = seed, augment, rank_skew
         self.mean = torch.tensor(data.mean, device=device).view(1, 3, 1, 1)
         self.std = torch.tensor(data.std, device=device).view(1, 3, 1, 1)
 
@@ -228,10 +235,16 @@ class TrainLoader:
     def steps_per_epoch(self) -> int:
         return len(self.split) // (self.global_micro * self.k)
 
-    def positions(self, step: int, micro: int) -> slice:
-        """Positions in the epoch permutation that this rank reads for one micro-batch."""
-        start = (step * self.k + micro) * self.global_micro + self.rank * self.b
-        return slice(start, start + self.b)
+    def positions(self, step: int, micro: int, perm: torch.Tensor | None = None):
+        """Positions in the epoch permutation that this rank reads for one micro-batch
+        (with `rank_skew`, this rank's share of the global micro-batch sorted by label)."""
+        start = (step * self.k + micro) * self.global_micro
+        mine = slice(start + self.rank * self.b, start + (self.rank + 1) * self.b)
+        if not self.rank_skew or perm is None:
+            return mine
+        pos = torch.arange(start, start + self.global_micro)
+        order = torch.sort(self.labels[perm[pos]], stable=True).indices
+        return pos[order][self.rank * self.b:(self.rank + 1) * self.b]
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         return (x.float().div_(255) - self.mean) / self.std
@@ -243,7 +256,7 @@ class TrainLoader:
         for step in range(start, self.steps_per_epoch):
             micro = []
             for m in range(self.k):
-                pos = self.positions(step, m)
+                pos = self.positions(step, m, plan.perm)
                 idx = plan.perm[pos].to(self.device, non_blocking=True)
                 x = self.split.x[idx]
                 if self.augment:

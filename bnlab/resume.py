@@ -20,7 +20,7 @@ import torch.distributed as tdist
 import torch.nn as nn
 
 from bnlab import checkpoint, dist
-from bnlab.config import RESUME_MAY_CHANGE, changed_keys, without
+from bnlab.config import RESUME_MAY_CHANGE, changed_keys, without, without_added_later
 from bnlab.errors import BnlabError
 from bnlab.metrics import Meter
 from bnlab.rundir import read_status_full
@@ -68,7 +68,8 @@ def plan(run_dir: Path, cfg: dict) -> bool:
         import yaml
 
         old = yaml.safe_load(saved.read_text())
-        diff = changed_keys(without(old, RESUME_MAY_CHANGE), without(cfg, RESUME_MAY_CHANGE))
+        diff = changed_keys(*(without_added_later(without(c, RESUME_MAY_CHANGE))
+                              for c in (old, cfg)))
         if diff:
             shown = ", ".join(f"{k} ({_get(old, k)!r} -> {_get(cfg, k)!r})" for k in diff[:3])
             raise BnlabError(f"cannot resume the run in {run_dir} with a different experiment: "

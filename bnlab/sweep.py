@@ -34,14 +34,13 @@ import yaml
 from tqdm import tqdm
 
 from bnlab.checkpoint import CHECKPOINT
-from bnlab.config import NOT_EXPERIMENT, without
+from bnlab.config import NOT_EXPERIMENT, without, without_added_later
 from bnlab.errors import BnlabError
 from bnlab.rundir import machine, read_status
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "experiments" / "runs"
 FINAL = ("completed", "diverged")  # a run with this status is a result: never re-run
-NEUTRAL = {"on_nan": "stop"}
 RUN_ONLY = ["progress=false", "checkpoint=true", "resume=auto"]
 PREEMPTED = 75  # the sweep's exit status when stopped by a signal (as train.py's)
 
@@ -84,10 +83,7 @@ class Cell:
     @property
     def key(self) -> str:
         """`<model>-<norm>-<ranks>x<batch>-<hash>`: readable, and unique per resolved config."""
-        c = without(self.cfg, (*NOT_EXPERIMENT, "seed"))
-        for k, v in NEUTRAL.items():  # keys added later, at the value that runs had before
-            if c.get(k) == v:
-                c.pop(k)
+        c = without_added_later(without(self.cfg, (*NOT_EXPERIMENT, "seed")))
         digest = hashlib.sha1(json.dumps(c, sort_keys=True).encode()).hexdigest()[:10]
         world = self.cfg["dist"]["simulate"] * self.cfg["dist"]["nproc_per_node"]
         return (f"{self.cfg['model']['name']}-{self.cfg['norm']['kind']}-{world}x"

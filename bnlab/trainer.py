@@ -199,7 +199,8 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
     ranks = env.world * sim
     # A simulated run reads each global micro-batch whole: the same images in the same order.
     loader = TrainLoader(data, env.device, cfg["batch_per_gpu"] * sim, env.world, env.rank,
-                         cfg["grad_accum"], cfg["seed"], cfg["data"]["augment"])
+                         cfg["grad_accum"], cfg["seed"], cfg["data"]["augment"],
+                         cfg["data"].get("rank_skew", False))
     spe = loader.steps_per_epoch
     if spe == 0:
         raise BnlabError(

@@ -72,11 +72,11 @@ def _dataset(n=200):
     return D.Dataset(train, val, (0.5,) * 3, (0.25,) * 3)
 
 
-def _global_stream(world: int, b: int, k: int, epochs=(0, 1)):
+def _global_stream(world: int, b: int, k: int, epochs=(0, 1), skew=False):
     """Every micro-batch of every step, ranks concatenated in rank order."""
     data = _dataset()
-    loaders = [D.TrainLoader(data, torch.device("cpu"), b, world, r, k, seed=3, augment=True)
-               for r in range(world)]
+    loaders = [D.TrainLoader(data, torch.device("cpu"), b, world, r, k, seed=3, augment=True,
+                             rank_skew=skew) for r in range(world)]
     out = []
     for e in epochs:
         for steps in zip(*(ld.epoch(e) for ld in loaders), strict=True):
@@ -93,6 +93,26 @@ def test_order_and_augmentation_do_not_depend_on_world_size():
         got = _global_stream(world, b, 1)
         assert len(got) == len(ref)
         for (xa, ya), (xb, yb) in zip(ref, got, strict=True):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_rank_skew_sorts_each_global_batch_by_label_and_keeps_its_images():
+    """data.rank_skew: the ranks' shares are the global batch sorted by label, the same for
+    any split into processes (4 real ranks x 2 = 1 process reading 8, as the simulation does),
+    and the global batch holds the same augmented images as without skew."""
+    plain = _global_stream(1, 8, 1)
+    ref = _global_stream(1, 8, 1, skew=True)
+    assert len(ref) == len(plain)
+    moved = 0
+    for (xa, ya), (xs, ys) in zip(plain, ref, strict=True):
+        assert torch.equal(ys, ys.sort().values)  # rank 0 gets the lowest labels, and so on
+        assert torch.equal(ys.sort().values, ya.sort().values)
+        key = lambda x: sorted(map(tuple, x.flatten(1).tolist()))  # noqa: E731
+        assert key(xs) == key(xa)  # same images (augmentation follows the image)
+        moved += not torch.equal(ya, ys)
+    assert moved > len(ref) // 2
+    for world, b in [(2, 4), (4, 2)]:
+        for (xa, ya), (xb, yb) in zip(ref, _global_stream(world, b, 1, skew=True), strict=True):
             assert torch.equal(xa, xb) and torch.equal(ya, yb)
 
 
