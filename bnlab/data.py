@@ -268,9 +268,13 @@ class TrainLoader:
 
 
     def images(self, epoch: int, steps: int) -> Iterator[torch.Tensor]:
-        """This rank's inputs for the first `steps` steps of `epoch` (first micro-batch each)."""
-        for micro in itertools.islice(self.epoch(epoch), steps):
-            yield micro[0][0]
+        """This rank's inputs for `steps` steps from the start of `epoch` (first micro-batch
+        each), going on into the next epochs' orders when one epoch has fewer steps."""
+        while steps > 0 and self.steps_per_epoch > 0:
+            n = min(steps, self.steps_per_epoch)
+            for micro in itertools.islice(self.epoch(epoch), n):
+                yield micro[0][0]
+            steps, epoch = steps - n, epoch + 1
 
 
 def val_batches(data: Dataset, split: Split, device: torch.device, batch: int, world: int,

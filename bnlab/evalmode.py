@@ -45,32 +45,24 @@ def stats_move(d: Path, forwards: int = FORWARDS, batch: int = 32) -> dict:
     """Train-mode forwards under no_grad on validation images: how far the running
     statistics move, and the eval-mode accuracy before and after."""
     import torch
-    import yaml
 
-    from bnlab import checkpoint, dist
-    from bnlab.data import build_dataset, val_batches
-    from bnlab.trainer import build_net
-    from bnlab.trainer import evaluate as eval_acc
+    from bnlab.data import val_batches
+    from bnlab.evaluation import load_run
 
-    state = checkpoint.load(d)
-    cfg = yaml.safe_load(state["config"])
-    cfg["dist"]["simulate"] = 1
-    env = dist.DistEnv(0, 1, 0, torch.device("cpu"), None)
-    data = build_dataset(cfg["data"])
-    model = build_net(cfg)
-    model.load_state_dict(state["model"])
+    run = load_run(d)
+    model, data = run.model, run.data
     before = {k: v.clone() for k, v in model.state_dict().items() if "running_" in k}
-    acc0 = eval_acc(model, data, data.val, env, 256)["val/acc"]
+    acc0 = run.acc()
     model.train()
     with torch.no_grad():
-        for i, (x, _) in enumerate(val_batches(data, data.val, env.device, batch, 1, 0)):
+        for i, (x, _) in enumerate(val_batches(data, data.val, run.env.device, batch, 1, 0)):
             if i == forwards:
                 break
             model(x)
     after = {k: v for k, v in model.state_dict().items() if "running_" in k}
     rel = max(float(((after[k] - before[k]).abs() / (before[k].abs() + 1e-3)).max())
               for k in before)
-    acc1 = eval_acc(model, data, data.val, env, 256)["val/acc"]
+    acc1 = run.acc()
     return {"run": str(d.relative_to(ROOT) if d.is_relative_to(ROOT) else d),
             "forwards": forwards, "batch": batch, "acc_before": acc0, "acc_after": acc1,
             "max_relative_change": rel,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -18,7 +19,7 @@ import yaml
 from omegaconf import DictConfig
 
 from bnlab import checkpoint, dist
-from bnlab.data import TrainLoader, build_dataset
+from bnlab.data import Dataset, Split, TrainLoader, build_dataset
 from bnlab.diagnostics import FIXES, at_risk, train_mode_accuracy
 from bnlab.errors import BnlabError
 from bnlab.models import MODELS, build_model
@@ -33,8 +34,25 @@ def _load_rank_stats(model, stats: dict) -> None:
             set_running_stats(m, *stats[name])
 
 
-def evaluate_run(cfg: DictConfig) -> dict:
-    path = Path(cfg.run)
+@dataclass
+class LoadedRun:
+    """A run's final checkpoint as one process evaluates it."""
+
+    state: dict
+    cfg: dict
+    env: dist.DistEnv
+    data: Dataset
+    val: Split
+    model: torch.nn.Module  # the bare model with rank 0's statistics, as DDP keeps them
+
+    def acc(self, model: torch.nn.Module | None = None, batch: int = 256) -> float:
+        """Eval-mode val acc (%) of `model` (default: the loaded one)."""
+        m = self.model if model is None else model
+        return evaluate(m, self.data, self.val, self.env, batch)["val/acc"]
+
+
+def load_run(path: Path, data_root: str | None = None, device: str = "cpu") -> LoadedRun:
+    """The checkpoint in `path` (a run folder or checkpoint.pt), its data and its model."""
     state = checkpoint.load(path)
     try:
         train_cfg = yaml.safe_load(state["config"])
@@ -42,17 +60,21 @@ def evaluate_run(cfg: DictConfig) -> dict:
     except (KeyError, TypeError, yaml.YAMLError):
         raise BnlabError(f"checkpoint: {path} holds no bnlab run config; is it a bnlab "
                          "checkpoint?") from None
-    if cfg.data_root is not None:
-        train_cfg["data"]["root"] = cfg.data_root
-    env = dist.DistEnv(0, 1, 0, dist.pick_device(cfg.device, 0), None)
+    if data_root is not None:
+        train_cfg["data"]["root"] = data_root
+    env = dist.DistEnv(0, 1, 0, dist.pick_device(device, 0), None)
     data = build_dataset(train_cfg["data"])
-    val = data.val.to(env.device)
     model = build_net(train_cfg)
-    model.load_state_dict(state["model"])  # rank 0's statistics, as DDP keeps them
+    model.load_state_dict(state["model"])
     model.to(env.device)
+    return LoadedRun(state, train_cfg, env, data, data.val.to(env.device), model)
 
-    def acc(m, batch=256) -> float:
-        return evaluate(m, data, val, env, batch)["val/acc"]
+
+def evaluate_run(cfg: DictConfig) -> dict:
+    path = Path(cfg.run)
+    run = load_run(path, cfg.data_root, cfg.device)
+    state, data, val, env, model = run.state, run.data, run.val, run.env, run.model
+    acc = run.acc
 
     rows: dict[str, float] = {}
     for b in cfg.eval_batches:

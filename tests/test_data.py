@@ -131,3 +131,13 @@ def test_epochs_differ_and_seeds_differ():
     assert not torch.equal(p0.perm, p1.perm)
     assert not torch.equal(p0.perm, D.EpochPlan.make(100, 1, 0).perm)
     assert torch.equal(p0.perm, D.EpochPlan.make(100, 0, 0).perm)
+
+
+def test_images_go_on_into_the_next_epoch_when_one_is_too_short():
+    """PreciseBN asking for more images than the training set holds gets them all, the first
+    epoch's order followed by the next one's (a 200-image set, batches of 8: 25 per epoch)."""
+    ld = D.TrainLoader(_dataset(), torch.device("cpu"), 8, 1, 0, 1, seed=3, augment=False)
+    got = list(ld.images(0, 40))
+    assert len(got) == 40
+    assert all(torch.equal(a, b) for a, b in zip(got[:25], ld.images(0, 25), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(got[25:], ld.images(1, 15), strict=True))
