@@ -9,7 +9,8 @@ export BNLAB_TEST_DATA ?= $(abspath ../shared/data/cifar10-mini)
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-slow lint demo bench perf-doc clean table-jitter table-batch table-ranks \
-	tables report table-pitfalls figure-losslog table-evalmode
+	tables report table-pitfalls figure-losslog table-evalmode table-rankstats table-sync \
+	table-precisebn
 JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 SWEEP = $(PY) -m bnlab.sweep $(if $(DATA),--data $(DATA)) --jobs $(JOBS)
 
@@ -59,7 +60,16 @@ tables: install ## all three sweeps in one pool (shared cells run once), then ev
 	$(PY) -m bnlab.tables all
 
 table-evalmode: install ## C10: eval vs train mode from checkpoints (DATA=<cifar dir>) -> experiments/evalmode/
-	$(PY) -m bnlab.evalmode $(if $(DATA),--data $(DATA))
+	$(PY) -m bnlab.evalmode $(if $(DATA),--data $(DATA)) --jobs $(JOBS)
+
+table-rankstats: install ## C7: ranks' running statistics, buffer sync on/off -> experiments/rankstats/
+	$(PY) -m bnlab.rankstats $(if $(DATA),--data $(DATA)) --jobs $(JOBS)
+
+table-sync: install ## C12: bn vs syncbn vs naive sync, skewed ranks, bias and cost -> experiments/sync/
+	$(PY) -m bnlab.naivesync $(if $(DATA),--data $(DATA)) --jobs $(JOBS)
+
+table-precisebn: install ## L2 C8: PreciseBN estimator, pooling, samples, batch -> experiments/precisebn/
+	$(PY) -m bnlab.recalib $(if $(DATA),--data $(DATA)) --jobs $(JOBS)
 
 table-pitfalls: install ## C11: SyncBN conversion/launch pitfalls, measured -> experiments/pitfalls/
 	$(PY) -m bnlab.pitfalls
@@ -71,6 +81,9 @@ report: install ## regenerate every table, plot and verdict from existing runs (
 	$(PY) -m bnlab.tables all
 	$(PY) -m bnlab.pitfalls --report
 	$(PY) -m bnlab.evalmode --report
+	$(PY) -m bnlab.rankstats --report
+	$(PY) -m bnlab.naivesync --report
+	$(PY) -m bnlab.recalib --report
 	$(PY) -m bnlab.losslog
 
 clean: ## remove outputs/ (all run directories)
