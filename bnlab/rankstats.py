@@ -47,24 +47,36 @@ def checkpoint_stats(d: Path) -> dict:
     div = divergence(ranks)
     layers = list(ranks[0])
     model = state["model"]
-    keeps = {f"rank {r}": max(float((model[f"{n}.running_mean"] - s[n][0]).abs().max())
-                              for n in layers) for r, s in enumerate(ranks)}
+    keeps = {f"rank {r}": max(float(((model[f"{n}.running_mean"] - s[n][0]).abs()
+                                     / (s[n][1] + 1e-5).sqrt()).max()) for n in layers)
+             for r, s in enumerate(ranks)}
     return {"layers": layers,
             "div_mean": [div[f"bn/div_mean/{n}"] for n in layers],
             "div_logvar": [div[f"bn/div_logvar/{n}"] for n in layers],
             "state_vs_rank": keeps}
 
 
+def state_difference(a: Path, b: Path) -> float:
+    """Largest absolute difference between two checkpoints' model states (0 = identical)."""
+    from bnlab import checkpoint
+
+    sa, sb = checkpoint.load(a)["model"], checkpoint.load(b)["model"]
+    return max(float((sa[k].double() - sb[k].double()).abs().max()) if sa[k].numel() else 0.0
+               for k in sa)
+
+
 def measure(data: str | None, jobs: int, runs: Path) -> dict:
     spec = load_spec(SPEC, data)
     sweep([spec], data, jobs, root=runs)
     tag = data_tag(spec.cells[0].cfg)
-    out = {}
+    out, dirs = {}, []
     for cell, seed, d in plan(spec, tag, runs):
         out[cell.label] = {"seed": seed, "run": str(d.relative_to(runs)),
                            "buffers": cell.meta["buffers"], **checkpoint_stats(d),
                            "val_acc": evaluate(d)["val_acc"]}
-    return {"date": time.strftime("%Y-%m-%d"), "tag": tag, "runs": out}
+        dirs.append(d)
+    return {"date": time.strftime("%Y-%m-%d"), "tag": tag, "runs": out,
+            "state_difference": state_difference(*dirs)}
 
 
 def _rank_accs(r: dict) -> dict[str, float]:
@@ -90,13 +102,22 @@ def table(res: dict) -> str:
                      f"{statistics.median(r['div_logvar']):.3f} | {max(r['div_logvar']):.3f} |")
     lines += ["", "## What the checkpoint keeps", "",
               "The model's state dict, what a DDP checkpoint saves, against each rank's "
-              "running means (largest absolute difference over layers and channels; 0 = "
-              "identical). bnlab also keeps every rank's statistics (`rank_bn_stats`).", "",
+              "running means (largest difference over layers and channels, in that rank's "
+              "running std; 0 = identical). bnlab also keeps every rank's statistics "
+              "(`rank_bn_stats`).", "",
               "| run | " + " | ".join(next(iter(runs.values()))["state_vs_rank"]) + " |",
               "|---" * (1 + len(next(iter(runs.values()))["state_vs_rank"])) + "|"]
     for k, r in runs.items():
         lines.append(f"| {k} | " + " | ".join(f"{v:.3g}" for v in r["state_vs_rank"].values())
                      + " |")
+    diff = res["state_difference"]
+    lines += ["", "**The two runs' model states (every weight and rank 0's statistics) are "
+              "identical**: in train mode BN normalizes with batch statistics, so the buffers "
+              "never touch training, and the buffer sync sends rank 0's statistics to the "
+              "others without changing rank 0's. The sync only changes what the other ranks "
+              "hold." if diff == 0 else
+              f"The two runs' model states differ by up to {diff:.3g} (largest absolute "
+              "difference over every weight and statistic)."]
     cols = list(next(iter(runs.values()))["val_acc"])
     cols = [c for c in cols if "running statistics" in c or "average" in c
             or c.startswith("PreciseBN")]
@@ -143,7 +164,10 @@ def verdict(res: dict):
                    "model state holds exactly rank 0's statistics (no other rank's); partly if "
                    "one of the two holds. Buffer sync sends rank 0's statistics to every rank "
                    "before each forward, so at the end the ranks differ by one update from "
-                   "their own last batch.")
+                   "their own last batch; "
+                   + ("with it on or off the checkpoint is identical (measured)."
+                      if res["state_difference"] == 0 else
+                      f"the two checkpoints differ by up to {res['state_difference']:.3g}."))
 
 
 def plot(res: dict, path: Path) -> None:

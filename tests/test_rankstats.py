@@ -29,7 +29,8 @@ def _run(buffers: str, div: float) -> dict:
 
 RES = {"date": "2026-11-22", "tag": "cifar10-9",
        "runs": {"bn 4x2, buffer sync on": _run("on", 0.6),
-                "bn 4x2, buffer sync off": _run("off", 1.5)}}
+                "bn 4x2, buffer sync off": _run("off", 1.5)},
+       "state_difference": 0.0}
 
 
 @needs_cifar
@@ -45,6 +46,7 @@ def test_checkpoint_keeps_rank_0_in_the_model_state_and_every_rank_beside_it(tmp
     assert all(got["state_vs_rank"][f"rank {r}"] > 0 for r in (1, 2, 3))
     assert all(math.isfinite(v) and v >= 0 for v in got["div_mean"] + got["div_logvar"])
     assert max(got["div_mean"]) > 0
+    assert rankstats.state_difference(tmp_path, tmp_path) == 0.0
 
 
 def test_missing_checkpoint_is_one_sentence(tmp_path):
@@ -56,6 +58,8 @@ def test_table_shows_divergence_what_the_checkpoint_keeps_and_accuracy_by_rank()
     text = rankstats.table(RES)
     assert "| bn 4x2, buffer sync on (seed 1) | 0.600 | 1.200 | 0.200 | 0.300 |" in text
     assert "| bn 4x2, buffer sync off | 0 | 0.2 | 0.1 | 0.3 |" in text
+    assert "model states (every weight and rank 0's statistics) are identical" in text
+    assert "differ by up to 0.5" in rankstats.table({**RES, "state_difference": 0.5})
     assert "| 1 | layer1.0.bn1 | 1.200 | 3.000 |" in text
     assert "| bn 4x2, buffer sync off | 30.00 | 25.00 | 28.00 | 27.00 | 29.00 | 31.00 | 30.50 |" \
         in text
