@@ -18,14 +18,18 @@ def run_cli(body) -> int:
 
 
 def results(path, report: bool, measure, target: str) -> dict:
-    """`path` (a results.json) read back with `report`, else measured and saved."""
+    """`path` (a results.json) read back with `report`, else measured (with the seconds the
+    measuring took, training included, as `measure_s`) and saved."""
     import json
+    import time
 
     if report:
         if not path.is_file():
             raise BnlabError(f"no {path}; run `{target}` first.")
         return json.loads(path.read_text())
+    t0 = time.perf_counter()
     res = measure()
+    res["measure_s"] = round(time.perf_counter() - t0, 1)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=1) + "\n")
     return res

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from bnlab.errors import BnlabError, results, run_cli
-from bnlab.sweep import ROOT, RUNS, data_tag, load_spec, plan, sweep
+from bnlab.sweep import ROOT, RUNS, data_tag, load_spec, plan, sweep, train_seconds, wall_line
 
 SPEC = ROOT / "experiments" / "sync" / "sweep.yaml"
 OUT = ROOT / "experiments" / "sync"
@@ -111,15 +111,16 @@ def measure(data: str | None, jobs: int, runs: Path) -> dict:
     spec = load_spec(SPEC, data)
     sweep([spec], data, jobs, root=runs)
     tag = data_tag(spec.cells[0].cfg)
-    cells, syncbn = {}, None
+    cells, syncbn, dirs = {}, None, []
     for cell, seed, d in plan(spec, tag, runs):
+        dirs.append(d)
         cells[cell.label] = {**cell_metrics(d, seed, cell.cfg["epochs"]),
                              "norm": cell.meta["norm"], "batches": cell.meta["batches"]}
         if cell.meta["norm"] == "syncbn" and cell.meta["batches"] == "shuffled":
             syncbn = d
     bias = {order: variance_bias(syncbn, order == "skewed") for order in ("shuffled", "skewed")}
     return {"date": time.strftime("%Y-%m-%d"), "tag": tag, "cells": cells, "bias": bias,
-            "bench": bench_rows()}
+            "bench": bench_rows(), "train_s": train_seconds(dirs)}
 
 
 # ----------------------------------------------------------------------------------------
@@ -143,6 +144,7 @@ def table(res: dict) -> str:
              f"(data `{res['tag']}`, {res['date']}). 4 simulated ranks x 2 images, resnet18; "
              "`skewed`: each global batch of 8 sorted by label before it is split across the "
              "ranks (`data.rank_skew=true`).", "",
+             wall_line(res), "",
              "## Val acc", "",
              "| norm | batches | final val acc | best | swing | status |",
              "|---|---|---|---|---|---|"]

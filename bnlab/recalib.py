@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bnlab.errors import BnlabError, results, run_cli
-from bnlab.sweep import ROOT, RUNS, data_tag, load_spec, plan, sweep
+from bnlab.sweep import ROOT, RUNS, data_tag, load_spec, plan, sweep, train_seconds, wall_line
 
 SPEC = ROOT / "experiments" / "precisebn" / "sweep.yaml"
 OUT = ROOT / "experiments" / "precisebn"
@@ -86,9 +86,11 @@ def measure(data: str | None, jobs: int, runs: Path) -> dict:
     spec = load_spec(SPEC, data)
     sweep([spec], data, jobs, root=runs)
     tag = data_tag(spec.cells[0].cfg)
+    steps = plan(spec, tag, runs)
     out = {cell.label: {"seed": seed, "run": str(d.relative_to(runs)), **measure_run(d)}
-           for cell, seed, d in plan(spec, tag, runs)}
-    return {"date": time.strftime("%Y-%m-%d"), "tag": tag, "runs": out}
+           for cell, seed, d in steps}
+    return {"date": time.strftime("%Y-%m-%d"), "tag": tag, "runs": out,
+            "train_s": train_seconds([d for _, _, d in steps])}
 
 
 # ----------------------------------------------------------------------------------------
@@ -131,6 +133,7 @@ def table(res: dict) -> str:
              "per-batch variances. The project's default is "
              f"`estimator={DEFAULT[0]} pooling={DEFAULT[1]} num_samples={DEFAULT[2]} "
              f"batch={DEFAULT[3]}`.", "",
+             wall_line(res), "",
              f"## By number of samples (batch 32; train/pooled: mean ± sd over {REPEATS} "
              "draws of images)", "",
              "| run | setting | EMA (no PreciseBN) | " + " | ".join(map(str, SAMPLES)) + " |",

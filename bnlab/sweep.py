@@ -164,6 +164,23 @@ def record_host(folder: Path) -> None:
     f.write_text(json.dumps(hosts, indent=2, sort_keys=True) + "\n")
 
 
+def train_seconds(dirs) -> float:
+    """The runs' training wall time, summed over their sweep.json records."""
+    return round(sum(json.loads((d / "sweep.json").read_text()).get("wall_s", 0.0)
+                     for d in dirs if (d / "sweep.json").is_file()), 1)
+
+
+def wall_line(res: dict) -> str:
+    """A results.json's wall times as one sentence for its table."""
+    parts = []
+    if res.get("train_s") is not None:
+        parts.append(f"training its runs took {res['train_s'] / 60:.1f} min of wall time "
+                     "(their sweep.json, summed; runs share the cores with other jobs)")
+    if res.get("measure_s") is not None:
+        parts.append(f"the measuring command took {res['measure_s'] / 60:.1f} min")
+    return ("Wall time on this machine: " + "; ".join(parts) + ".") if parts else ""
+
+
 def run_dir(tag: str, cell: Cell, seed: int, root: Path = RUNS) -> Path:
     return root / tag / cell.key / f"seed{seed}"
 

@@ -303,3 +303,16 @@ def test_losslog_compares_the_two_curves_of_one_run(tmp_path, monkeypatch):
     assert "<!-- c13:begin -->" in (tmp_path / "README.md").read_text()
     with pytest.raises(BnlabError, match="run `make table-jitter` first"):
         losslog.build(["syncbn"], 0, "t", out=tmp_path / "out", root=tmp_path / "runs")
+
+
+def test_tables_state_their_wall_time_from_the_run_records(tmp_path):
+    from bnlab.sweep import train_seconds, wall_line
+
+    for i, w in enumerate([100.0, 50.5]):
+        (tmp_path / f"r{i}").mkdir()
+        (tmp_path / f"r{i}" / "sweep.json").write_text(json.dumps({"wall_s": w}))
+    (tmp_path / "no-record").mkdir()
+    assert train_seconds(sorted(tmp_path.iterdir())) == 150.5
+    line = wall_line({"train_s": 150.5, "measure_s": 30.0})
+    assert "training its runs took 2.5 min" in line and "took 0.5 min" in line
+    assert wall_line({}) == ""
