@@ -24,7 +24,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bnlab.errors import BnlabError, results, run_cli
-from bnlab.sweep import ROOT, RUNS, data_tag, load_spec, plan, sweep, train_seconds, wall_line
+from bnlab.sweep import (
+    ROOT,
+    RUNS,
+    data_tag,
+    load_spec,
+    plan,
+    seeds_line,
+    sweep,
+    train_seconds,
+    wall_line,
+)
 
 SPEC = ROOT / "experiments" / "precisebn" / "sweep.yaml"
 OUT = ROOT / "experiments" / "precisebn"
@@ -32,6 +42,7 @@ SAMPLES = (256, 512, 1024, 2048, 4096, 8192)
 BATCHES = (2, 8, 32, 128, 512)
 REPEATS = 3          # image draws for the default estimator's sample-count sweep
 BATCH_SAMPLES = 2048  # images per setting in the batch-size sweep
+EVAL_BATCHES = (8, 128)  # the eval estimator's batches (one partial pass per BN layer: slow)
 ENOUGH = 4096        # L2: 10^3 to 10^4 samples suffice (here: within 1 point of 8192 from 4096)
 DEFAULT = ("train", "pooled", 4096, 32)  # configs/precise_bn/*.yaml: estimator, pooling, n, batch
 
@@ -51,7 +62,8 @@ def grid() -> list[Setting]:
     g += [Setting("train", "averaged", n, 32) for n in SAMPLES]
     g += [Setting("eval", "pooled", n, 32) for n in (256, 1024, 4096)]
     g += [Setting("train", p, BATCH_SAMPLES, b) for p in ("pooled", "averaged") for b in BATCHES]
-    g += [Setting("eval", "pooled", BATCH_SAMPLES, b) for b in (8, 128)]
+    g += [Setting("eval", p, BATCH_SAMPLES, b)
+          for p in ("pooled", "averaged") for b in EVAL_BATCHES]
     return list(dict.fromkeys(g))  # the batch-32 points of both sweeps are measured once
 
 
@@ -118,7 +130,7 @@ def _cell(rows: list[dict], **want) -> str:
 
 def _secs(rows: list[dict], **want) -> str:
     got = [r["seconds"] for r in pick(rows, **want)]
-    return f"{statistics.mean(got):.1f}" if got else "-"
+    return f"{statistics.median(got):.1f}" if got else "-"
 
 
 def table(res: dict) -> str:
@@ -132,7 +144,7 @@ def table(res: dict) -> str:
              "eval mode. `pooled`: E[x^2] - E[x]^2 over every image; `averaged`: the mean of "
              "per-batch variances. The project's default is "
              f"`estimator={DEFAULT[0]} pooling={DEFAULT[1]} num_samples={DEFAULT[2]} "
-             f"batch={DEFAULT[3]}`.", "",
+             f"batch={DEFAULT[3]}`. " + seeds_line(runs.values()), "",
              wall_line(res), "",
              f"## By number of samples (batch 32; train/pooled: mean ± sd over {REPEATS} "
              "draws of images)", "",
@@ -150,7 +162,7 @@ def table(res: dict) -> str:
               "| run | setting | " + " | ".join(f"batch {b}" for b in BATCHES) + " |",
               "|---|---|" + "---|" * len(BATCHES)]
     for label, r in runs.items():
-        for est, pool in est_rows:
+        for est, pool in [*est_rows, ("eval", "averaged")]:
             lines.append(f"| {label} | {est}, {pool} | " + " | ".join(
                 _cell(pick(r["rows"], repeat=0), estimator=est, pooling=pool,
                       samples=BATCH_SAMPLES, batch=b) for b in BATCHES) + " |")
@@ -162,8 +174,8 @@ def table(res: dict) -> str:
         lines.append(f"| {est}, {pool} | " + " | ".join(
             _secs(first, estimator=est, pooling=pool, samples=n, batch=32) for n in SAMPLES)
             + " |")
-    lines += ["", f"Times of the first run ({next(iter(runs))}); the estimator `eval` makes "
-              "one pass per BN layer, each stopped at that layer.", "",
+    lines += ["", f"Times of the first run ({next(iter(runs))}; median over the draws); the "
+              "estimator `eval` makes one pass per BN layer, each stopped at that layer.", "",
               "![val acc by samples and batch](precisebn.png)", "",
               "## Default", "", default_note(res), "",
               f"**L2 verdict: {verdict(res).verdict}.** {verdict(res).why}", ""]
@@ -209,11 +221,15 @@ def verdict(res: dict):
                                                    samples=n, batch=32) - best) <= 1.0]
         first = min(n for n in enough if all(m in enough for m in SAMPLES if m >= n))
         n_ok.append(first <= ENOUGH)
+        b = min(EVAL_BATCHES)
+        pe = acc_of(rows, estimator="eval", pooling="pooled", samples=BATCH_SAMPLES, batch=b)
+        ae = acc_of(rows, estimator="eval", pooling="averaged", samples=BATCH_SAMPLES, batch=b)
         p2 = acc_of(rows, estimator="train", pooling="pooled", samples=BATCH_SAMPLES, batch=2)
         a2 = acc_of(rows, estimator="train", pooling="averaged", samples=BATCH_SAMPLES, batch=2)
-        pool_ok.append(p2 - a2 >= 1.0)
+        pool_ok.append(pe - ae >= 1.0)
         parts.append(f"{label}: within 1 pt of {max(SAMPLES)} samples from {first} on; "
-                     f"pooled - averaged at batch 2: {p2 - a2:+.1f} pts; PreciseBN - EMA at "
+                     f"pooled - averaged, eval estimator at batch {b}: {pe - ae:+.1f} pts "
+                     f"(train estimator at batch 2: {p2 - a2:+.1f}); PreciseBN - EMA at "
                      f"{DEFAULT[2]}: {_gain(r):+.1f}")
     ok = all(n_ok) + all(pool_ok)
     v = "reproduced" if ok == 2 else "partly" if ok == 1 else "not reproduced"
@@ -222,9 +238,12 @@ def verdict(res: dict):
                    "not averaged per-batch", "; ".join(parts), v,
                    f"Rule: reproduced if, in every run, every sample count from {ENOUGH} on "
                    f"is within 1 point of {max(SAMPLES)} samples (train estimator, pooled, "
-                   "batch 32) and pooled beats averaged by 1 point or more at PreciseBN batch "
-                   "2; partly if one of the two holds. C8 on the final checkpoints (PreciseBN "
-                   f"of {DEFAULT[2]} images vs the EMA): {c8} pts.")
+                   "batch 32) and pooled beats averaged by 1 point or more with the eval "
+                   f"estimator at batch {min(EVAL_BATCHES)}, where only the pooling differs; "
+                   "partly if one of the two holds. (With the train estimator at batch 2 the "
+                   "upstream layers also normalize with 2 images' statistics, which confounds "
+                   "the pooling; that comparison is shown, not ruled on.) C8 on the final "
+                   f"checkpoints (PreciseBN of {DEFAULT[2]} images vs the EMA): {c8} pts.")
 
 
 def plot(res: dict, path: Path) -> None:

@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -181,6 +182,14 @@ def wall_line(res: dict) -> str:
     return ("Wall time on this machine: " + "; ".join(parts) + ".") if parts else ""
 
 
+def seeds_line(cells) -> str:
+    """Which seeds the table's cells ran, and why not more."""
+    seeds = sorted({c["seed"] for c in cells})
+    return (f"Seed {', '.join(map(str, seeds))} of each cell: one seed, because a target gets "
+            "30 minutes on this 2-core machine and one 4x2 run takes about 8 minutes at 2 jobs; "
+            "differences smaller than a run's swing are not evidence here.")
+
+
 def run_dir(tag: str, cell: Cell, seed: int, root: Path = RUNS) -> Path:
     return root / tag / cell.key / f"seed{seed}"
 
@@ -220,6 +229,10 @@ def launch(cell: Cell, seed: int, d: Path, data: str | None, threads: int,
         rc = proc.wait()
         jobs.done(proc)
     wall = time.perf_counter() - t0
+    if rc == -signal.SIGTERM and jobs.stopping and read_status(d) is None and not before:
+        # The sweep's own SIGTERM came before train.py could handle it: the run never began.
+        shutil.rmtree(d)
+        return "not started", 0.0
     status = read_status(d) or "failed"
     if rc != 0 and status == "running":
         status = "failed"

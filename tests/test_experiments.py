@@ -316,3 +316,20 @@ def test_tables_state_their_wall_time_from_the_run_records(tmp_path):
     line = wall_line({"train_s": 150.5, "measure_s": 30.0})
     assert "training its runs took 2.5 min" in line and "took 0.5 min" in line
     assert wall_line({}) == ""
+
+
+def test_a_run_killed_by_the_sweeps_signal_before_it_began_is_not_started(tmp_path):
+    """SIGTERM can reach train.py before it installs its handler (while it imports): that run
+    never began, so it is reported as not started and leaves no directory to set aside."""
+    from bnlab.sweep import Jobs, launch
+
+    class Early(Jobs):
+        def start(self, cmd, **kw):
+            proc = super().start([sys.executable, "-c", "import time; time.sleep(60)"], **kw)
+            self.stop()
+            return proc
+
+    d = tmp_path / "cell" / "seed0"
+    cell = Cell("a", ["experiment=demo"], [0])
+    assert launch(cell, 0, d, None, 1, [], Early()) == ("not started", 0.0)
+    assert not d.exists()

@@ -20,7 +20,7 @@ def _rows(base: float) -> list[dict]:
     out = []
     for s in recalib.grid():
         acc = base + min(s.samples, 4096) / 1024 + 0.1 * s.repeat
-        if s.pooling == "averaged" and s.batch == 2:
+        if s.pooling == "averaged" and s.batch in (2, 8):
             acc -= 3
         out.append({**s.__dict__, "images": s.samples, "seconds": s.samples / 1000
                     * (10 if s.estimator == "eval" else 1), "acc": acc})
@@ -43,7 +43,7 @@ def test_grid_measures_the_default_once_per_draw_and_every_axis():
     assert {s.samples for s in g} >= set(recalib.SAMPLES)
     assert {s.batch for s in g} >= set(recalib.BATCHES)
     assert {(s.estimator, s.pooling) for s in g} == {("train", "pooled"), ("train", "averaged"),
-                                                       ("eval", "pooled")}
+                                                       ("eval", "pooled"), ("eval", "averaged")}
 
 
 @needs_cifar
@@ -81,8 +81,8 @@ def test_table_has_every_axis_the_default_and_the_verdict():
 def test_verdict_follows_the_numbers():
     res = copy.deepcopy(RES)
     for r in res["runs"]["bn 4x2"]["rows"]:
-        if r["pooling"] == "averaged" and r["batch"] == 2:
-            r["acc"] += 3  # averaged no worse at batch 2
+        if r["pooling"] == "averaged" and r["batch"] == 8 and r["estimator"] == "eval":
+            r["acc"] += 3  # averaged no worse where only the pooling differs
     assert recalib.verdict(res).verdict == "partly"
     for r in res["runs"]["bn 4x2"]["rows"]:
         if r["samples"] == 8192:
