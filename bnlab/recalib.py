@@ -38,6 +38,7 @@ from bnlab.sweep import (
 
 SPEC = ROOT / "experiments" / "precisebn" / "sweep.yaml"
 OUT = ROOT / "experiments" / "precisebn"
+POOLINGS = ("pooled", "averaged")
 SAMPLES = (256, 512, 1024, 2048, 4096, 8192)
 BATCHES = (2, 8, 32, 128, 512)
 REPEATS = 3          # image draws for the default estimator's sample-count sweep
@@ -200,9 +201,14 @@ def default_note(res: dict) -> str:
                                                            samples=n, batch=b))
         t_ev = statistics.mean(x["seconds"] for x in pick(rows, estimator="eval",
                                                            pooling="pooled", samples=n, batch=b))
+        by_b = {p: [acc_of(rows, estimator="eval", pooling=p, samples=BATCH_SAMPLES, batch=x)
+                    for x in EVAL_BATCHES] for p in POOLINGS}
         notes.append(f"{label}: default {dflt:.2f} vs EMA {r['ema_acc']:.2f} "
                      f"({dflt - r['ema_acc']:+.2f}), vs the eval estimator {ev:.2f} "
-                     f"({t_ev / t_tr:.1f}x the time), vs {max(SAMPLES)} samples {big:.2f}")
+                     f"({t_ev / t_tr:.1f}x the time), vs {max(SAMPLES)} samples {big:.2f}; "
+                     f"eval estimator at batch {' and '.join(map(str, EVAL_BATCHES))}: pooled "
+                     + " vs ".join(f"{a:.2f}" for a in by_b["pooled"]) + ", averaged "
+                     + " vs ".join(f"{a:.2f}" for a in by_b["averaged"]))
     return ("The project keeps `train`, `pooled`, 4096 samples, batch 32: pooled is the "
             "population variance L2 asks for and does not depend on how images are batched "
             "(averaged does); the train estimator is one pass and is what fvcore and pycls "
@@ -255,12 +261,13 @@ def plot(res: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for label, r in res["runs"].items():
         for est, pool, style in [("train", "pooled", "-"), ("train", "averaged", "--"),
-                                 ("eval", "pooled", ":")]:
+                                 ("eval", "pooled", ":"), ("eval", "averaged", "-.")]:
             xs = [n for n in SAMPLES if pick(r["rows"], estimator=est, pooling=pool,
                                              samples=n, batch=32)]
             line, = axes[0].plot(xs, [acc_of(r["rows"], estimator=est, pooling=pool,
                                               samples=n, batch=32) for n in xs],
-                                 style, marker="o", ms=3, label=f"{label}, {est}/{pool}")
+                                 style, marker="o", ms=3)
+            line.set_label(f"{label}, {est}/{pool}")
             xb = [b for b in BATCHES if pick(r["rows"], estimator=est, pooling=pool,
                                              samples=BATCH_SAMPLES, batch=b)]
             axes[1].plot(xb, [acc_of(r["rows"], estimator=est, pooling=pool,
