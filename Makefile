@@ -3,6 +3,7 @@ SHELL := /bin/bash
 UV ?= $(shell command -v uv 2>/dev/null || echo python3 -m uv)
 PY := $(UV) run --frozen python
 DATA ?=
+RUNS ?=
 STAMP := $(shell date +%Y-%m-%d_%H-%M-%S)
 DEMO_DIR := outputs/demo/$(STAMP)
 export BNLAB_TEST_DATA ?= $(abspath ../shared/data/cifar10-mini)
@@ -60,16 +61,16 @@ tables: install ## all three sweeps in one pool (shared cells run once), then ev
 	$(PY) -m bnlab.tables all
 
 table-evalmode: install ## C10: eval vs train mode from checkpoints (DATA=<cifar dir>) -> experiments/evalmode/
-	$(PY) -m bnlab.evalmode $(if $(DATA),--data $(DATA)) --jobs $(JOBS)
+	$(PY) -m bnlab.evalmode $(if $(DATA),--data $(DATA)) $(if $(RUNS),--runs $(RUNS)) --jobs $(JOBS)
 
 table-rankstats: install ## C7: ranks' running statistics, buffer sync on/off -> experiments/rankstats/
-	$(PY) -m bnlab.rankstats $(if $(DATA),--data $(DATA)) --jobs $(JOBS)
+	$(PY) -m bnlab.rankstats $(if $(DATA),--data $(DATA)) $(if $(RUNS),--runs $(RUNS)) --jobs $(JOBS)
 
 table-sync: install ## C12: bn vs syncbn vs naive sync, skewed ranks, bias and cost -> experiments/sync/
-	$(PY) -m bnlab.naivesync $(if $(DATA),--data $(DATA)) --jobs $(JOBS)
+	$(PY) -m bnlab.naivesync $(if $(DATA),--data $(DATA)) $(if $(RUNS),--runs $(RUNS)) --jobs $(JOBS)
 
 table-precisebn: install ## L2 C8: PreciseBN estimator, pooling, samples, batch -> experiments/precisebn/
-	$(PY) -m bnlab.recalib $(if $(DATA),--data $(DATA)) --jobs $(JOBS)
+	$(PY) -m bnlab.recalib $(if $(DATA),--data $(DATA)) $(if $(RUNS),--runs $(RUNS)) --jobs $(JOBS)
 
 table-pitfalls: install ## C11: SyncBN conversion/launch pitfalls, measured -> experiments/pitfalls/
 	$(PY) -m bnlab.pitfalls

@@ -35,3 +35,12 @@ def load(path: Path, map_location="cpu") -> dict:
             f"checkpoint: {path} is corrupt or truncated ({type(e).__name__}); "
             "use an earlier checkpoint or rerun."
         ) from None
+
+
+def require(run_dir: Path, target: str) -> None:
+    """A table measured on a run's checkpoint needs it on this machine; committed runs keep
+    only their records."""
+    if not (Path(run_dir) / CHECKPOINT).is_file():
+        raise BnlabError(f"the run in {run_dir} has no checkpoint on this machine (checkpoints "
+                         f"are not committed); train the table's runs into an empty folder "
+                         f"with `make {target} RUNS=<folder>`, or move this run away.")

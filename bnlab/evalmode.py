@@ -30,10 +30,9 @@ FORWARDS = 10  # train-mode forwards (no backward) in the demonstration
 def evaluate(d: Path) -> dict:
     """eval.json of the run in `d`, made with evaluate.py if the run has none yet."""
     if not (d / "eval.json").is_file():
-        if not (d / "checkpoint.pt").is_file():
-            raise BnlabError(f"the run in {d} has no checkpoint on this machine (checkpoints "
-                             "are not committed) and no eval.json; move its folder away and "
-                             "rerun to train it again.")
+        from bnlab import checkpoint
+
+        checkpoint.require(d, "table-evalmode")
         p = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), f"run={d}"], cwd=ROOT,
                            capture_output=True, text=True)
         if p.returncode != 0:

@@ -51,13 +51,12 @@ def variance_bias(d: Path, skew: bool, batches: int = BATCHES) -> dict:
     weights in train mode (exact SyncBN statistics, as the syncbn run trained)."""
     import torch
 
+    from bnlab import checkpoint
     from bnlab.data import TrainLoader
     from bnlab.evaluation import load_run
     from bnlab.precise_bn import bn_layers
 
-    if not (d / "checkpoint.pt").is_file():
-        raise BnlabError(f"the run in {d} has no checkpoint on this machine (checkpoints are "
-                         "not committed); move its folder away and rerun to train it again.")
+    checkpoint.require(d, "table-sync")
     run = load_run(d)
     cfg = run.cfg
     b = cfg["batch_per_gpu"]

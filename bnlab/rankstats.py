@@ -45,10 +45,7 @@ def checkpoint_stats(d: Path) -> dict:
     from bnlab import checkpoint
     from bnlab.diagnostics import divergence
 
-    path = d / checkpoint.CHECKPOINT
-    if not path.is_file():
-        raise BnlabError(f"the run in {d} has no checkpoint on this machine (checkpoints are "
-                         "not committed); move its folder away and rerun to train it again.")
+    checkpoint.require(d, "table-rankstats")
     state = checkpoint.load(d)
     ranks = state.get("rank_bn_stats") or []
     if len(ranks) < 2:

@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bnlab.errors import BnlabError, results, run_cli
+from bnlab.errors import results, run_cli
 from bnlab.sweep import (
     ROOT,
     RUNS,
@@ -85,11 +85,10 @@ def recalibrated(run, s: Setting) -> dict:
 def measure_run(d: Path) -> dict:
     from tqdm import tqdm
 
+    from bnlab import checkpoint
     from bnlab.evaluation import load_run
 
-    if not (d / "checkpoint.pt").is_file():
-        raise BnlabError(f"the run in {d} has no checkpoint on this machine (checkpoints are "
-                         "not committed); move its folder away and rerun to train it again.")
+    checkpoint.require(d, "table-precisebn")
     run = load_run(d)
     rows = [recalibrated(run, s) for s in tqdm(grid(), desc=d.parent.name, leave=False)]
     return {"ema_acc": run.acc(), "train_images": len(run.data.train), "rows": rows}

@@ -50,7 +50,8 @@ def test_checkpoint_keeps_rank_0_in_the_model_state_and_every_rank_beside_it(tmp
 
 
 def test_missing_checkpoint_is_one_sentence(tmp_path):
-    with pytest.raises(BnlabError, match="no checkpoint on this machine"):
+    with pytest.raises(BnlabError, match="no checkpoint on this machine .* `make "
+                       "table-rankstats RUNS=<folder>`"):
         rankstats.checkpoint_stats(tmp_path)
 
 
