@@ -16,7 +16,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 SWEEP = $(PY) -m bnlab.sweep $(if $(DATA),--data $(DATA)) --jobs $(JOBS)
 
 help: ## list the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 install: ## install everything with uv from uv.lock (into .venv)
 	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install -q uv
