@@ -1,4 +1,5 @@
-"""The one exception type for bad input: its message is shown to the user as one sentence."""
+"""The one exception type for bad input (shown as one sentence, exit 2), and the tables' command
+line plumbing around it."""
 
 
 class BnlabError(Exception):
@@ -33,3 +34,22 @@ def results(path, report: bool, measure, target: str) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=1) + "\n")
     return res
+
+
+def table_main(argv, doc: str, out, target: str, measure, write) -> int:
+    """The command line of a table measured on runs (evalmode, rankstats, sync, precisebn):
+    `--data/--jobs/--runs` to train what is missing and measure, `--report` to rebuild the
+    table from `out`/results.json only."""
+    import argparse
+    from pathlib import Path
+
+    from bnlab.sweep import RUNS
+
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--data", help="folder holding cifar-10-batches-py (no download)")
+    p.add_argument("--jobs", type=int, default=1, help="training runs side by side")
+    p.add_argument("--runs", type=Path, default=RUNS, help="folder of run directories")
+    p.add_argument("--report", action="store_true", help="table from results.json only")
+    a = p.parse_args(argv)
+    return run_cli(lambda: write(results(
+        out / "results.json", a.report, lambda: measure(a.data, a.jobs, a.runs), target)))

@@ -12,15 +12,14 @@ Everything measured goes to experiments/evalmode/results.json; table.md is built
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bnlab.errors import BnlabError, results, run_cli
-from bnlab.sweep import ROOT, RUNS, data_tag, load_spec, plan, sweep
+from bnlab.errors import BnlabError, table_main
+from bnlab.sweep import ROOT, data_tag, load_spec, plan, sweep
 
 SPEC = ROOT / "experiments" / "evalmode" / "sweep.yaml"
 OUT = ROOT / "experiments" / "evalmode"
@@ -152,16 +151,8 @@ def write(res: dict, out: Path = OUT) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", help="folder holding cifar-10-batches-py (no download)")
-    p.add_argument("--jobs", type=int, default=1)
-    p.add_argument("--runs", type=Path, default=RUNS, help="folder of run directories")
-    p.add_argument("--report", action="store_true", help="table from results.json only")
-    a = p.parse_args(argv)
-    path = OUT / "results.json"
+    return table_main(argv, __doc__, OUT, "make table-evalmode", measure, write)
 
-    return run_cli(lambda: write(results(
-        path, a.report, lambda: measure(a.data, a.jobs, a.runs), "make table-evalmode")))
 
 if __name__ == "__main__":
     sys.exit(main())

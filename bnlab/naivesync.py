@@ -17,16 +17,14 @@ from it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
-from bnlab.errors import BnlabError, results, run_cli
+from bnlab.errors import BnlabError, table_main
 from bnlab.sweep import (
     ROOT,
-    RUNS,
     data_tag,
     load_spec,
     plan,
@@ -273,15 +271,7 @@ def write(res: dict, out: Path | None = None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", help="folder holding cifar-10-batches-py (no download)")
-    p.add_argument("--jobs", type=int, default=1)
-    p.add_argument("--runs", type=Path, default=RUNS, help="folder of run directories")
-    p.add_argument("--report", action="store_true", help="table from results.json only")
-    a = p.parse_args(argv)
-    return run_cli(lambda: write(results(
-        OUT / "results.json", a.report, lambda: measure(a.data, a.jobs, a.runs),
-        "make table-sync")))
+    return table_main(argv, __doc__, OUT, "make table-sync", measure, write)
 
 
 if __name__ == "__main__":
