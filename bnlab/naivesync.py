@@ -96,6 +96,7 @@ def cell_metrics(d: Path, seed: int, epochs: float) -> dict:
     m = r.metrics(epochs)
     return {"seed": seed, "run": f"{d.parent.name}/{d.name}", "status": r.status,
             "final": m.get("final"), "best": m.get("best"), "swing": m.get("swing"),
+            "loss": m.get("loss"),
             "curve": [r.epochs, r.accs]}
 
 
@@ -154,11 +155,13 @@ def table(res: dict) -> str:
              "ranks (`data.rank_skew=true`). " + seeds_line(res["cells"].values()), "",
              wall_line(res), "",
              "## Val acc", "",
-             "| norm | batches | final val acc | best | swing | status |",
-             "|---|---|---|---|---|---|"]
+             "| norm | batches | final val acc | best | swing | train loss, last epoch | "
+             "status |", "|---|---|---|---|---|---|---|"]
     for c in cells.values():
+        loss = c.get("loss")
         lines.append(f"| {c['norm']} | {c['batches']} | {_f(c['final'])} | {_f(c['best'])} | "
-                     f"±{_f(c['swing'])} | {c['status']} |")
+                     f"±{_f(c['swing'])} | {'-' if loss is None else f'{loss:.4g}'} | "
+                     f"{c['status']} |")
     bias = res["bias"]
     first = next(iter(bias.values()))
     lines += ["", "## Variance bias of the naive sync, per layer", "",

@@ -17,7 +17,8 @@ from conftest import CIFAR_MINI, needs_cifar
 
 def _cell(norm, batches, final):
     return {"seed": 1, "run": "r/seed1", "status": "completed", "final": final,
-            "best": final + 1, "swing": 2.0, "norm": norm, "batches": batches}
+            "best": final + 1, "swing": 2.0, "loss": 1.5e5 if "naive" in norm else 2.25,
+            "norm": norm, "batches": batches}
 
 
 BENCH = {"machine": {"machine": "test box"},
@@ -77,7 +78,8 @@ def test_table_and_verdict(tmp_path):
     (tmp_path / "box.json").write_text(json.dumps(BENCH))
     res = {**RES, "bench": naivesync.bench_rows(tmp_path)}
     text = naivesync.table(res)
-    assert "| syncbn_naive | skewed | 35.0 | 36.0 | ±2.0 | completed |" in text
+    assert "| syncbn_naive | skewed | 35.0 | 36.0 | ±2.0 | 1.5e+05 | completed |" in text
+    assert "| bn | shuffled | 30.0 | 31.0 | ±2.0 | 2.25 | completed |" in text
     assert "| 1 | layer1.0.bn1 | -0.300 | -0.500 |" in text
     assert "| | median | -0.200 | -0.450 |" in text
     assert "| syncbn, 4-process gloo, resnet18 x 2 | 0.6000 | 0.3000 | 2.00x |" in text
