@@ -40,3 +40,12 @@ def test_report_without_results_is_one_sentence(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(evalmode, "OUT", tmp_path)
     assert evalmode.main(["--report"]) == 2
     assert capsys.readouterr().err.startswith("bnlab: error: no ")
+
+
+def test_a_run_without_checkpoint_or_eval_json_is_one_sentence(tmp_path):
+    import pytest
+
+    from bnlab.errors import BnlabError
+
+    with pytest.raises(BnlabError, match="no checkpoint on this machine .*table-evalmode RUNS="):
+        evalmode.evaluate(tmp_path)
