@@ -48,7 +48,8 @@ def without(cfg: dict, keys) -> dict:
 ADDED_LATER = {"on_nan": "stop", "data.rank_skew": False}
 
 
-def _get_dotted(cfg: dict, dotted: str):
+def get_dotted(cfg: dict, dotted: str):
+    """The value at a dotted key, or None where any part is missing."""
     for part in dotted.split("."):
         cfg = cfg.get(part) if isinstance(cfg, dict) else None
     return cfg
@@ -56,7 +57,7 @@ def _get_dotted(cfg: dict, dotted: str):
 
 def without_added_later(cfg: dict) -> dict:
     """`cfg` without the ADDED_LATER keys that hold their old value."""
-    return without(cfg, [k for k, v in ADDED_LATER.items() if _get_dotted(cfg, k) == v])
+    return without(cfg, [k for k, v in ADDED_LATER.items() if get_dotted(cfg, k) == v])
 
 
 def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:

@@ -104,7 +104,7 @@ def table(res: dict) -> str:
               f"{m['buffers']} running-statistics buffers (largest relative change "
               f"{m['max_relative_change']:.3g}); eval-mode val acc went from "
               f"{m['acc_before']:.2f}% to {m['acc_after']:.2f}%.", "",
-              f"**C10 verdict: {verdict(res).verdict}.** {verdict(res).why}", ""]
+              f"**C10 verdict: {(v := verdict(res)).verdict}.** {v.why}", ""]
     return "\n".join(lines)
 
 
@@ -141,13 +141,9 @@ def verdict(res: dict):
 
 
 def write(res: dict, out: Path = OUT) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "table.md").write_text(table(res))
-    from bnlab.verdicts import write_block
+    from bnlab.verdicts import write_table
 
-    v = verdict(res)
-    write_block(ROOT / "experiments" / "README.md", "c10", v)
-    print(f"wrote {out / 'table.md'}")
+    write_table(out, table(res), ROOT / "experiments" / "README.md", "c10", verdict(res))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,47 +44,58 @@ REPORT = {"no sync": (183, 74.3), "sync every step": (297, 76.1), "overlapped sy
 BIASED = -0.05  # the naive variance is "biased" when it is at least 5% low on average
 
 
-def variance_bias(d: Path, skew: bool, batches: int = BATCHES) -> dict:
-    """Per BN layer: mean over channels and batches of naive/exact - 1, on the checkpoint's
-    weights in train mode (exact SyncBN statistics, as the syncbn run trained)."""
+def naive_bias(model, batches, b: int) -> dict[str, float]:
+    """Per BN layer (forward order): naive/exact - 1 of its input's variance, averaged over
+    channels and over the global `batches` (RANKS shares of `b` images each), in train mode."""
     import torch
 
-    from bnlab import checkpoint
-    from bnlab.data import TrainLoader
-    from bnlab.evaluation import load_run
     from bnlab.precise_bn import bn_layers
 
-    checkpoint.require(d, "table-sync")
-    run = load_run(d)
-    cfg = run.cfg
-    b = cfg["batch_per_gpu"]
-    layers = bn_layers(run.model)
-    sums = {name: 0.0 for name, _ in layers}
+    layers = bn_layers(model)
+    sums, seen = {name: 0.0 for name, _ in layers}, [0]
 
     def hook(name):
         def f(mod, inp):
             x = inp[0].detach().double()
-            xr = x.reshape(RANKS, b, *x.shape[1:]).transpose(1, 2).reshape(RANKS, x.shape[1], -1)
+            c = x.shape[1]
+            xr = x.reshape(RANKS, b, *x.shape[1:]).transpose(1, 2).reshape(RANKS, c, -1)
             naive = xr.var(2, unbiased=False).mean(0)
-            exact = x.transpose(0, 1).reshape(x.shape[1], -1).var(1, unbiased=False)
+            exact = x.transpose(0, 1).reshape(c, -1).var(1, unbiased=False)
             ok = exact > 1e-12
             sums[name] += float((naive[ok] / exact[ok] - 1).mean())
         return f
 
-    loader = TrainLoader(run.data, run.env.device, b * RANKS, 1, 0, 1, cfg["seed"],
-                         cfg["data"]["augment"], rank_skew=skew)
-    names = {m: n for n, m in layers}
-    hooks = [m.register_forward_pre_hook(hook(names[m])) for m in names]
-    run.model.train()
+    hooks = [m.register_forward_pre_hook(hook(name)) for name, m in layers]
+    model.train()
     try:
         with torch.no_grad():
-            for x in loader.images(0, batches):
-                run.model(x)
+            for x in batches:
+                model(x)
+                seen[0] += 1
     finally:
         for h in hooks:
             h.remove()
-    return {"layers": list(sums), "bias": [v / batches for v in sums.values()],
-            "batches": batches, "from": str(d.parent.name)}
+    return {name: v / seen[0] for name, v in sums.items()}
+
+
+def variance_bias(d: Path, batches: int = BATCHES) -> dict[str, dict]:
+    """naive_bias on the checkpoint's weights (the syncbn run: exact SyncBN statistics, as it
+    trained), for `batches` global batches of the shuffled and of the skewed order."""
+    from bnlab import checkpoint
+    from bnlab.data import TrainLoader
+    from bnlab.evaluation import load_run
+
+    checkpoint.require(d, "table-sync")
+    run = load_run(d)  # once for both orders
+    cfg, b = run.cfg, run.cfg["batch_per_gpu"]
+    out = {}
+    for order in ("shuffled", "skewed"):
+        loader = TrainLoader(run.data, run.env.device, b * RANKS, 1, 0, 1, cfg["seed"],
+                             cfg["data"]["augment"], rank_skew=order == "skewed")
+        bias = naive_bias(run.model, loader.images(0, batches), b)
+        out[order] = {"layers": list(bias), "bias": list(bias.values()), "batches": batches,
+                      "from": str(d.parent.name)}
+    return out
 
 
 def cell_metrics(d: Path, seed: int, epochs: float) -> dict:
@@ -127,7 +138,7 @@ def measure(data: str | None, jobs: int, runs: Path) -> dict:
                              "norm": cell.meta["norm"], "batches": cell.meta["batches"]}
         if cell.meta["norm"] == "syncbn" and cell.meta["batches"] == "shuffled":
             syncbn = d
-    bias = {order: variance_bias(syncbn, order == "skewed") for order in ("shuffled", "skewed")}
+    bias = variance_bias(syncbn)
     return {"date": time.strftime("%Y-%m-%d"), "tag": tag, "cells": cells, "bias": bias,
             "bench": bench_rows(), "train_s": train_seconds(dirs)}
 
@@ -191,7 +202,7 @@ def table(res: dict) -> str:
     base = REPORT["no sync"][0]
     lines += ["The report (C12; ResNet-50/ImageNet on V100s): " + "; ".join(
         f"{k} {s} s/epoch, {a}% top-1 ({s / base:.2f}x)" for k, (s, a) in REPORT.items()) + ".",
-        "", f"**C12 verdict: {verdict(res).verdict}.** {verdict(res).why}", ""]
+        "", f"**C12 verdict: {(v := verdict(res)).verdict}.** {v.why}", ""]
     return "\n".join(lines)
 
 
@@ -263,14 +274,10 @@ def plot(res: dict, path: Path) -> None:
 
 
 def write(res: dict, out: Path | None = None) -> None:
-    from bnlab.verdicts import write_block
+    from bnlab.verdicts import write_table
 
-    out = out or OUT
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "table.md").write_text(table(res))
-    plot(res, out / "sync.png")
-    write_block(ROOT / "experiments" / "README.md", "c12", verdict(res))
-    print(f"wrote {out / 'table.md'} and {out / 'sync.png'}")
+    write_table(out or OUT, table(res), ROOT / "experiments" / "README.md", "c12", verdict(res),
+                lambda path: plot(res, path), "sync.png")
 
 
 def main(argv: list[str] | None = None) -> int:

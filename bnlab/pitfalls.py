@@ -293,12 +293,10 @@ def measure() -> dict:
 
 
 def write(res: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "table.md").write_text(table(res))
-    from bnlab.verdicts import write_block
+    from bnlab.verdicts import write_table
 
-    write_block(ROOT / "experiments" / "README.md", "c11", verdict(res))
-    print(f"wrote {out / 'table.md'}")
+    write_table(out, table(res), ROOT / "experiments" / "README.md", "c11", verdict(res))
+
 
 if __name__ == "__main__":
     sys.exit(main())

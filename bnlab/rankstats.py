@@ -199,14 +199,10 @@ def plot(res: dict, path: Path) -> None:
 
 
 def write(res: dict, out: Path | None = None) -> None:
-    from bnlab.verdicts import write_block
+    from bnlab.verdicts import write_table
 
-    out = out or OUT
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "table.md").write_text(table(res))
-    plot(res, out / "rankstats.png")
-    write_block(ROOT / "experiments" / "README.md", "c7", verdict(res))
-    print(f"wrote {out / 'table.md'} and {out / 'rankstats.png'}")
+    write_table(out or OUT, table(res), ROOT / "experiments" / "README.md", "c7", verdict(res),
+                lambda path: plot(res, path), "rankstats.png")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -176,7 +176,7 @@ def table(res: dict) -> str:
               "estimator `eval` makes one pass per BN layer, each stopped at that layer.", "",
               "![val acc by samples and batch](precisebn.png)", "",
               "## Default", "", default_note(res), "",
-              f"**L2 verdict: {verdict(res).verdict}.** {verdict(res).why}", ""]
+              f"**L2 verdict: {(v := verdict(res)).verdict}.** {v.why}", ""]
     return "\n".join(lines)
 
 
@@ -285,14 +285,10 @@ def plot(res: dict, path: Path) -> None:
 
 
 def write(res: dict, out: Path | None = None) -> None:
-    from bnlab.verdicts import write_block
+    from bnlab.verdicts import write_table
 
-    out = out or OUT
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "table.md").write_text(table(res))
-    plot(res, out / "precisebn.png")
-    write_block(ROOT / "experiments" / "README.md", "l2", verdict(res))
-    print(f"wrote {out / 'table.md'} and {out / 'precisebn.png'}")
+    write_table(out or OUT, table(res), ROOT / "experiments" / "README.md", "l2", verdict(res),
+                lambda path: plot(res, path), "precisebn.png")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ import torch.distributed as tdist
 import torch.nn as nn
 
 from bnlab import checkpoint, dist
-from bnlab.config import RESUME_MAY_CHANGE, changed_keys, without, without_added_later
+from bnlab.config import RESUME_MAY_CHANGE, changed_keys, get_dotted, without, without_added_later
 from bnlab.errors import BnlabError
 from bnlab.metrics import Meter
 from bnlab.rundir import read_status_full
@@ -71,17 +71,12 @@ def plan(run_dir: Path, cfg: dict) -> bool:
         diff = changed_keys(*(without_added_later(without(c, RESUME_MAY_CHANGE))
                               for c in (old, cfg)))
         if diff:
-            shown = ", ".join(f"{k} ({_get(old, k)!r} -> {_get(cfg, k)!r})" for k in diff[:3])
+            shown = ", ".join(f"{k} ({get_dotted(old, k)!r} -> {get_dotted(cfg, k)!r})"
+                              for k in diff[:3])
             raise BnlabError(f"cannot resume the run in {run_dir} with a different experiment: "
                              f"{shown}; restore those settings or choose another "
                              "hydra.run.dir.")
     return True
-
-
-def _get(cfg: dict, dotted: str):
-    for p in dotted.split("."):
-        cfg = cfg.get(p) if isinstance(cfg, dict) else None
-    return cfg
 
 
 def rank_state(model: nn.Module, meters: list[Meter], env: dist.DistEnv) -> list[dict]:

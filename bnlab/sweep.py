@@ -185,9 +185,11 @@ def wall_line(res: dict) -> str:
 def seeds_line(cells) -> str:
     """Which seeds the table's cells ran, and why not more."""
     seeds = sorted({c["seed"] for c in cells})
-    return (f"Seed {', '.join(map(str, seeds))} of each cell: one seed, because a target gets "
-            "30 minutes on this 2-core machine and one 4x2 run takes about 8 minutes at 2 jobs; "
-            "differences smaller than a run's swing are not evidence here.")
+    if len(seeds) > 1:
+        return f"Seeds {', '.join(map(str, seeds))}."
+    return (f"Seed {seeds[0]} of each cell: one seed, because a target gets 30 minutes on this "
+            "2-core machine and one 4x2 run takes about 8 minutes at 2 jobs; differences "
+            "smaller than a run's swing are not evidence here.")
 
 
 def run_dir(tag: str, cell: Cell, seed: int, root: Path = RUNS) -> Path:

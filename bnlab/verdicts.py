@@ -278,3 +278,17 @@ def write_block(path: Path, name: str, v: Verdict) -> None:
     markers `<!-- name:begin -->` and `<!-- name:end -->`."""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     _replace(path, begin, end, "\n".join([begin, *claim_rows([v]), end]))
+
+
+def write_table(out: Path, text: str, readme: Path, block: str, v: Verdict,
+                plot: Callable[[Path], None] | None = None, png: str = "") -> None:
+    """A measured table's outputs: `out`/table.md, the figure `png` drawn by `plot(path)`,
+    and its verdict between the `block` markers of `readme`."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "table.md"]
+    written[0].write_text(text)
+    if plot is not None:
+        written.append(out / png)
+        plot(written[-1])
+    write_block(readme, block, v)
+    print("wrote " + " and ".join(map(str, written)))

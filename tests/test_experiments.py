@@ -318,6 +318,13 @@ def test_tables_state_their_wall_time_from_the_run_records(tmp_path):
     assert wall_line({}) == ""
 
 
+def test_tables_name_their_seeds_and_say_why_only_when_one():
+    from bnlab.sweep import seeds_line
+
+    assert seeds_line([{"seed": 1}, {"seed": 1}]).startswith("Seed 1 of each cell: one seed")
+    assert seeds_line([{"seed": 2}, {"seed": 1}]) == "Seeds 1, 2."
+
+
 def test_a_run_killed_by_the_sweeps_signal_before_it_began_is_not_started(tmp_path):
     """SIGTERM can reach train.py before it installs its handler (while it imports): that run
     never began, so it is reported as not started and leaves no directory to set aside."""

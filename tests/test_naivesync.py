@@ -52,8 +52,8 @@ def test_naive_variance_is_never_above_the_union_and_skew_lowers_it(tmp_path):
     cfg["data"].update(root=str(CIFAR_MINI), download=False, val_limit=32, train_limit=64)
     cfg.update(epochs=1, eval_every=1, progress=False, checkpoint=True)
     trainer.run(cfg, tmp_path, dist.init("cpu", "auto", 60, 0))
-    plain = naivesync.variance_bias(tmp_path, skew=False, batches=8)
-    skewed = naivesync.variance_bias(tmp_path, skew=True, batches=8)
+    got = naivesync.variance_bias(tmp_path, batches=8)
+    plain, skewed = got["shuffled"], got["skewed"]
     assert len(plain["layers"]) == 20 and plain["batches"] == 8
     for b in (plain, skewed):
         assert all(-1 <= v <= 1e-9 for v in b["bias"])
@@ -62,7 +62,7 @@ def test_naive_variance_is_never_above_the_union_and_skew_lowers_it(tmp_path):
 
 def test_missing_checkpoint_is_one_sentence(tmp_path):
     with pytest.raises(BnlabError, match="no checkpoint on this machine"):
-        naivesync.variance_bias(tmp_path, skew=False)
+        naivesync.variance_bias(tmp_path)
 
 
 def test_step_times_come_from_the_benchmark_results(tmp_path):
