@@ -51,6 +51,29 @@ class RunResult:
                 "precise": self.last("val/acc_precise"), "train_s": self.last("time/train_s")}
 
 
+# The issue's affordability rule for the training-dynamics tables, on the 2-core machine with
+# the sweep's default of 2 runs side by side.
+BUDGET_MIN = {"target": 45, "all": 120}
+JOBS = 2
+
+
+def wall_minutes(runs: list[RunResult]) -> float:
+    """Wall time of the runs as a sweep at JOBS runs side by side would take it: their
+    sweep.json wall times (all launches), each run counted once, divided by JOBS."""
+    seen = {r.path: r.wall_s or 0.0 for r in runs}
+    return sum(seen.values()) / 60 / JOBS
+
+
+def budget_line(runs: list[RunResult], expected: int, limit: str) -> str:
+    """The runs' wall time against the budget `limit` ("target" or "all"), in one sentence."""
+    minutes, cap = wall_minutes(runs), BUDGET_MIN[limit]
+    done = len({r.path for r in runs})
+    scope = "" if done == expected else f" (the {done} of {expected} runs finished so far)"
+    verdict = "within it" if minutes <= cap else f"missed, {minutes / cap:.1f}x over"
+    return (f"budget {cap} min on this machine; the runs{scope} come to about {minutes:.0f} "
+            f"min at {JOBS} runs side by side: {verdict}")
+
+
 def load_run(d: Path, seed: int) -> RunResult | None:
     """A finished run's logs, or None when the run is missing or unfinished."""
     status = read_status(d)

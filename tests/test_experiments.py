@@ -192,6 +192,7 @@ def test_tables_and_verdicts_are_computed_from_the_logs(tmp_path):
     assert "| syncbn | 3 | 30.0 ± 0.0 | 31.0 ± 0.0 | 1.0 ± 0.0 |" in text
     assert "| ln | 1/3 (1 diverged) | - |" in text  # diverged: shown as such, not dropped
     assert "3 of 3" not in text and "7 of 38 finished" in text
+    assert "the 7 of 38 runs finished so far) come to about 4 min" in text
     assert (out / "jitter.png").stat().st_size > 10_000
     c1 = next(v for v in verdicts({"jitter": res, "batch": {}, "ranks": {}}) if v.claim == "C1")
     assert c1.verdict == "reproduced" and "10.5x" in c1.why
@@ -340,3 +341,18 @@ def test_a_run_killed_by_the_sweeps_signal_before_it_began_is_not_started(tmp_pa
     cell = Cell("a", ["experiment=demo"], [0])
     assert launch(cell, 0, d, None, 1, [], Early()) == ("not started", 0.0)
     assert not d.exists()
+
+
+def test_the_budget_line_counts_each_run_once_and_says_whether_it_was_met():
+    from bnlab.results import RunResult, budget_line
+
+    runs = [RunResult(Path(f"r{i}"), 0, "completed", wall_s=600.0) for i in range(9)]
+    # 9 runs of 10 min at 2 side by side: 45 min, the per-target budget exactly.
+    assert budget_line(runs + runs[:3], 9, "target").endswith("come to about 45 min at 2 runs "
+                                                              "side by side: within it")
+    over = budget_line(runs + [RunResult(Path("r9"), 0, "completed", wall_s=1800.0)], 12,
+                       "target")
+    assert "(the 10 of 12 runs finished so far)" in over and "60 min" in over
+    assert over.endswith("missed, 1.3x over")
+    assert budget_line(runs, 9, "all").startswith("budget 120 min") and "within it" in \
+        budget_line(runs, 9, "all")
