@@ -240,12 +240,14 @@ def write_readme(tables: dict[str, dict[str, CellResult]], tag: str, path: Path)
     cells = [c for t in tables.values() for c in t.values()]  # shared cells: count runs once
     done = len({r.path for c in cells for r in c.runs})
     expected = len({(c.cell.key, s) for c in cells for s in c.cell.seeds})
+    unique = {c.cell.key: c for c in cells}.values()
+    short = sum(len(c.runs) < c.expected for c in unique)
     mark = "" if done == expected else " (preliminary)"
     rows = claim_rows(verdicts(tables), mark)
     status = "" if done == expected else (
         f"**Preliminary:** {done} of the {expected} runs the three tables call for have "
-        "finished (most cells have 1 seed of 3); the sweep goes on with `make tables`, and "
-        "these verdicts may change. ")
+        f"finished ({short} of {len(unique)} cells lack seeds); the sweep goes on with "
+        "`make tables`, and these verdicts may change. ")
     runs = [r for c in cells for r in c.runs]
     budget = (f"Wall time of all three tables together (`make tables`, shared cells run once): "
               f"{budget_line(runs, expected, 'all')}; each table gives its own.")
