@@ -21,6 +21,24 @@ def _band(ax, c: CellResult, label: str | None = None) -> None:
     ax.fill_between(ep, lo, hi, color=line.get_color(), alpha=0.15, lw=0)
 
 
+def _precise_points(ax, c: CellResult) -> bool:
+    """Val acc after each PreciseBN recalibration (mean, bar = min..max over seeds); False
+    when the cell's runs logged none. Its EMA curve is not drawn: PreciseBN does not touch
+    training, so that curve is the plain row's and would hide it."""
+    good = [r.series("val/acc_precise") for r in c.runs if not r.diverged]
+    good = [g for g in good if g[0]]
+    if not good:
+        return False
+    n = min(len(g[0]) for g in good)
+    cols = [[g[1][i] for g in good] for i in range(n)]
+    mean = [sum(v) / len(v) for v in cols]
+    ax.errorbar(good[0][0][:n], mean, yerr=[[m - min(v) for m, v in zip(mean, cols, strict=True)],
+                                            [max(v) - m for m, v in zip(mean, cols, strict=True)]],
+                marker="s", ms=4, ls="--", lw=1, capsize=3,
+                label=f"{c.cell.label}: after each recalibration (n={len(good)})")
+    return True
+
+
 def _mean_loss(ax, c: CellResult) -> None:
     good = [r for r in c.runs if not r.diverged]
     if not good:
@@ -48,8 +66,9 @@ def jitter(by_section: dict[str, list[CellResult]], path: Path) -> None:
     main = by_section.get("main", [])
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     for c in main:
-        _band(axes[0], c)
-        _mean_loss(axes[2], c)
+        if not _precise_points(axes[0], c):
+            _band(axes[0], c)
+            _mean_loss(axes[2], c)
     base = [c for c in main if c.cell.label in ("bn", "syncbn")]
     for c in base + by_section.get("C4", []) + by_section.get("cifar_stem", []):
         _band(axes[1], c)

@@ -356,3 +356,23 @@ def test_the_budget_line_counts_each_run_once_and_says_whether_it_was_met():
     assert over.endswith("missed, 1.3x over")
     assert budget_line(runs, 9, "all").startswith("budget 120 min") and "within it" in \
         budget_line(runs, 9, "all")
+
+
+def test_the_precisebn_row_is_plotted_after_each_recalibration_not_as_a_second_ema_curve(
+        tmp_path):
+    import matplotlib.pyplot as plt
+
+    from bnlab.plots import _precise_points
+    from bnlab.results import CellResult, load_run
+
+    spec = load_spec(ROOT / "experiments/jitter/sweep.yaml")
+    cell = next(c for c in spec.cells if "PreciseBN" in c.label)
+    fake_run(tmp_path / "p", [30.0] * 25, precise=25.0)
+    fake_run(tmp_path / "e", [30.0] * 25)
+    ax = plt.figure().add_subplot()
+    assert not _precise_points(ax, CellResult(cell, [load_run(tmp_path / "e", 0)], 3))
+    assert _precise_points(ax, CellResult(cell, [load_run(tmp_path / "p", 0)], 3))
+    (line,) = ax.get_lines()[:1]
+    assert list(line.get_ydata()) == [25.0] and "after each recalibration (n=1)" in \
+        ax.get_legend_handles_labels()[1][0]
+    plt.close("all")
