@@ -20,6 +20,7 @@ from bnlab.analysis import MIN_EVALS, WINDOW
 from bnlab.errors import BnlabError, run_cli
 from bnlab.results import CellResult, budget_line, collect, fmt
 from bnlab.sweep import ROOT, RUNS, Spec, load_spec
+from bnlab.verdicts import NO_LEARNING, write_readme
 
 EXPERIMENTS = ROOT / "experiments"
 
@@ -152,6 +153,7 @@ def batch(spec: Spec, cells: list[CellResult], tag: str, out: Path) -> str:
     sw = [[f"{r} swing (± pts)", *(grid[r, b].stat("swing").fmt() for b in cols)]
           for r in rows_]
     seeds = [[f"{r} seeds", *(grid[r, b].seeds_note() for b in cols)] for r in rows_]
+    steps = [["optimizer steps (from the logs)", *(steps_of(grid, rows_, b) for b in cols)]]
     plots.batch(rows_, cols, grid, ref, out / f"{spec.name}.png")
     lr = ", ".join(f"{b}: {grid[rows_[0], b].cell.cfg['optim']['lr']:g}" for b in cols)
     return "\n".join([
@@ -161,8 +163,18 @@ def batch(spec: Spec, cells: list[CellResult], tag: str, out: Path) -> str:
         f"100 - final val acc, mean ± std over seeds. Learning rate by images per rank ({lr}): "
         "0.1 x global batch / 64. The paper's rows are ResNet-50 on ImageNet, quoted for the "
         "shape only.", "",
-        "## Val acc, swing and seeds", "", md_table(header, acc + sw + seeds), "",
+        "## Val acc, swing and seeds", "", md_table(header, acc + sw + seeds + steps), "",
+        "Every cell trains 5 epochs, so more images per rank means fewer optimizer steps; "
+        "compare the rows within a column. A row's final val acc under "
+        f"{NO_LEARNING:g}% means the run did not learn (see its train loss in "
+        "metrics.jsonl), which L1's verdict leaves out.", "",
         SWING_NOTE, ""])
+
+
+def steps_of(grid: dict, rows: list[str], col: int) -> str:
+    """The optimizer steps the column's runs took, read from their last logged step."""
+    n = {r.last("step") for row in rows for r in grid[row, col].runs}
+    return "-" if not n else "/".join(str(x) for x in sorted(n))
 
 
 def ranks(spec: Spec, cells: list[CellResult], tag: str, out: Path) -> str:
@@ -222,7 +234,6 @@ def main(argv: list[str] | None = None) -> int:
         tag = a.tag or default_tag()
         results = {n: build(n, tag) for n in names}
         if set(TABLES) <= set(results):
-            from bnlab.verdicts import write_readme
             write_readme(results, tag, EXPERIMENTS / "README.md")
 
     return run_cli(body)

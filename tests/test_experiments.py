@@ -376,3 +376,13 @@ def test_the_precisebn_row_is_plotted_after_each_recalibration_not_as_a_second_e
     assert list(line.get_ydata()) == [25.0] and "after each recalibration (n=1)" in \
         ax.get_legend_handles_labels()[1][0]
     plt.close("all")
+
+
+def test_the_batch_table_gives_each_columns_optimizer_steps_from_the_logs(tmp_path):
+    root, tag = tmp_path / "runs", "cifar10-test"
+    spec = load_spec(ROOT / "experiments/batch/sweep.yaml")
+    cell = next(c for c in spec.cells if c.meta["row"] == "bn" and c.meta["col"] == 2)
+    fake_run(root / tag / cell.key / "seed0", [30.0] * 25)
+    build("batch", tag, root, tmp_path / "out")
+    text = (tmp_path / "out" / "table.md").read_text()
+    assert "| optimizer steps (from the logs) | - | - | - | - | 99 |" in text
