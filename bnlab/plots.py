@@ -88,7 +88,7 @@ def jitter(by_section: dict[str, list[CellResult]], path: Path) -> None:
 def batch(rows: list[str], cols: list[int], grid: dict, ref: dict, path: Path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for r in rows:
-        pts = [(b, grid[r, b].stat("final")) for b in sorted(cols)]
+        pts = [(b, grid[r, b].stat("final")) for b in sorted(cols) if (r, b) in grid]
         pts = [(b, s) for b, s in pts if s.mean is not None]
         if pts:
             ax1.errorbar([b for b, _ in pts], [s.mean for _, s in pts],

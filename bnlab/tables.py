@@ -144,15 +144,17 @@ def batch(spec: Spec, cells: list[CellResult], tag: str, out: Path) -> str:
         return "-" if s.mean is None else \
             f"{100 - s.mean:.1f}" + (f" ± {s.std:.1f}" if s.std is not None else "")
 
+    def line(name: str, r: str, text: Callable[[CellResult], str]) -> list[str]:
+        """One row of the grid; `n/a` where the spec has no cell (a row run at some sizes)."""
+        return [name, *(text(grid[r, b]) if (r, b) in grid else "n/a" for b in cols)]
+
     header = ["images per rank", *map(str, cols)]
-    body = [[f"{r} (ours, val error %)", *(err(grid[r, b]) for b in cols)] for r in rows_]
+    body = [line(f"{r} (ours, val error %)", r, err) for r in rows_]
     body += [[f"{r} ({ref['source'].split(',')[0]}, ImageNet)",
               *(fmt(ref[r].get(b)) for b in cols)] for r in rows_ if r in ref]
-    acc = [[f"{r} val acc (%)", *(grid[r, b].stat("final").fmt() for b in cols)]
-           for r in rows_]
-    sw = [[f"{r} swing (± pts)", *(grid[r, b].stat("swing").fmt() for b in cols)]
-          for r in rows_]
-    seeds = [[f"{r} seeds", *(grid[r, b].seeds_note() for b in cols)] for r in rows_]
+    acc = [line(f"{r} val acc (%)", r, lambda c: c.stat("final").fmt()) for r in rows_]
+    sw = [line(f"{r} swing (± pts)", r, lambda c: c.stat("swing").fmt()) for r in rows_]
+    seeds = [line(f"{r} seeds", r, CellResult.seeds_note) for r in rows_]
     steps = [["optimizer steps (from the logs)", *(steps_of(grid, rows_, b) for b in cols)]]
     plots.batch(rows_, cols, grid, ref, out / f"{spec.name}.png")
     lr = ", ".join(f"{b}: {grid[rows_[0], b].cell.cfg['optim']['lr']:g}" for b in cols)
@@ -162,7 +164,7 @@ def batch(spec: Spec, cells: list[CellResult], tag: str, out: Path) -> str:
         f"Ours: CIFAR-10 (`{tag}`), torchvision resnet18, 4 ranks, 5 epochs, final val error = "
         f"100 - final val acc, mean ± std over seeds. Learning rate by images per rank ({lr}): "
         "0.1 x global batch / 64. The paper's rows are ResNet-50 on ImageNet, quoted for the "
-        "shape only.", "",
+        "shape only." + (f" {spec.extra['note']}" if spec.extra.get("note") else ""), "",
         "## Val acc, swing and seeds", "", md_table(header, acc + sw + seeds + steps), "",
         "Every cell trains 5 epochs, so more images per rank means fewer optimizer steps; "
         "compare the rows within a column. A row's final val acc under "
@@ -173,7 +175,7 @@ def batch(spec: Spec, cells: list[CellResult], tag: str, out: Path) -> str:
 
 def steps_of(grid: dict, rows: list[str], col: int) -> str:
     """The optimizer steps the column's runs took, read from their last logged step."""
-    n = {r.last("step") for row in rows for r in grid[row, col].runs}
+    n = {r.last("step") for row in rows if (row, col) in grid for r in grid[row, col].runs}
     return "-" if not n else "/".join(str(x) for x in sorted(n))
 
 
