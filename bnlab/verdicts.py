@@ -211,6 +211,10 @@ def l1(t) -> Verdict:
     learned = [b for b in sizes if all(vals[r, b] is not None and vals[r, b] >= NO_LEARNING
                                        for r in ("bn", "gn"))]
     note = f" Did not learn (final acc < {NO_LEARNING:g}%): {', '.join(dead)}." if dead else ""
+    quarter = [(b, _m(cells.get(f"gn {b}, lr / 4"), "final")) for b in sizes]
+    quarter = [f"{v:.1f}% at {b}" for b, v in quarter if v is not None]
+    if quarter:
+        note += f" gn at a quarter of the rate (not ruled on): final acc {', '.join(quarter)}."
     rule = ("Rule: from the largest size where both rows learned (8 or more) down to 2: "
             "reproduced if bn loses 5+ points and gn under a third of that; partly if gn "
             "loses less than bn.")

@@ -278,7 +278,10 @@ def test_l1_compares_only_sizes_where_both_rows_learned():
     table = {"batch": {f"{r} {b}": _Cell(a) for r, by in accs.items() for b, a in by.items()}}
     v = l1(table)
     assert v.verdict == "reproduced" and "from 8 to 2" in v.ours
-    assert "gn at 32, gn at 16" in v.why
+    assert "gn at 32, gn at 16" in v.why and "quarter" not in v.why
+    table["batch"]["gn 16, lr / 4"] = _Cell(42.5)
+    assert l1(table).why.endswith("(not ruled on): final acc 42.5% at 16.")
+    assert l1(table).verdict == "reproduced"
     table["batch"]["gn 8"] = _Cell(11.0)
     assert l1(table).verdict == "not reproduced"
 
