@@ -100,6 +100,12 @@ class CellResult:
     def stat(self, key: str) -> Stat:
         return Stat.of([r.metrics(self.epochs).get(key) for r in self.runs])
 
+    def paired(self, key: str, base: str) -> list[float]:
+        """`key - base` in each run that logged both (the same run's weights: a paired
+        difference, free of the seed-to-seed spread)."""
+        ms = [r.metrics(self.epochs) for r in self.runs]
+        return [m[key] - m[base] for m in ms if finite(m.get(key)) and finite(m.get(base))]
+
     @property
     def diverged(self) -> int:
         return sum(r.diverged for r in self.runs)

@@ -389,3 +389,24 @@ def test_the_batch_table_gives_each_columns_optimizer_steps_from_the_logs(tmp_pa
     build("batch", tag, root, tmp_path / "out")
     text = (tmp_path / "out" / "table.md").read_text()
     assert "| optimizer steps (from the logs) | - | - | - | - | 99 |" in text
+
+
+def test_c8_rules_on_each_seeds_own_weights_not_on_the_means(tmp_path):
+    from bnlab.verdicts import c8
+
+    root, tag = tmp_path / "runs", "cifar10-test"
+    spec = load_spec(ROOT / "experiments/jitter/sweep.yaml")
+    cell = next(c for c in spec.cells if "PreciseBN" in c.label)
+    # The means differ by +1.5, but PreciseBN helped in one seed only.
+    for seed, (ema, pre) in enumerate([(16.0, 14.0), (18.0, 17.5), (13.0, 20.0)]):
+        fake_run(root / tag / cell.key / f"seed{seed}", [ema] * 25, precise=pre)
+    v = c8({"jitter": build("jitter", tag, root, tmp_path / "out")})
+    assert v.verdict == "not reproduced" and "-2.0, -0.5, +7.0 (mean +1.5 ± 4.8)" in v.ours
+    assert "in 1 of 3 seeds" in v.why
+    for seed, pre in enumerate([17.5, 19.0, 14.0]):
+        d = root / tag / cell.key / f"seed{seed}"
+        for f in d.iterdir():
+            f.unlink()
+        d.rmdir()
+        fake_run(d, [[16.0, 18.0, 13.0][seed]] * 25, precise=pre)
+    assert c8({"jitter": build("jitter", tag, root, tmp_path / "out")}).verdict == "reproduced"
