@@ -46,6 +46,7 @@ perf-doc: install ## docs/performance.md from benchmarks/results/*.json (no meas
 
 table-jitter: install ## C1 C4 C6 C8 C9: sweep (DATA=<cifar dir>, JOBS=N) + experiments/jitter/table.md
 	$(SWEEP) experiments/jitter/sweep.yaml
+	$(PY) -m bnlab.ddpcheck $(if $(DATA),--data $(DATA))
 	$(PY) -m bnlab.tables jitter
 
 table-batch: install ## C2 L1: val acc by images per rank + experiments/batch/table.md
@@ -58,6 +59,7 @@ table-ranks: install ## C3 C5: 1 rank vs 4, grad accumulation + experiments/rank
 
 tables: install ## all three sweeps in one pool (shared cells run once), then every table
 	$(SWEEP) experiments/jitter/sweep.yaml experiments/ranks/sweep.yaml experiments/batch/sweep.yaml
+	$(PY) -m bnlab.ddpcheck $(if $(DATA),--data $(DATA))
 	$(PY) -m bnlab.tables all
 
 table-evalmode: install ## C10: eval vs train mode from checkpoints (DATA=<cifar dir>) -> experiments/evalmode/

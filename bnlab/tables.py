@@ -98,9 +98,34 @@ def jitter(spec: Spec, cells: list[CellResult], tag: str, out: Path) -> str:
                 "run is the table's row. fp32 rounding differs between the two layouts, so the "
                 "runs are expected to agree closely at first and then drift apart chaotically "
                 "(see README, Simulated ranks).", "", ddp_table(ddp, cells), ""]
-    lines += [SWING_NOTE, ""]
+    lines += [ddpcheck_section(spec.path.parent / "ddpcheck.json"), SWING_NOTE, ""]
     plots.jitter(by_section, out / f"{spec.name}.png")
     return "\n".join(lines)
+
+
+def ddpcheck_section(path: Path) -> str:
+    """The step-by-step comparison that `python -m bnlab.ddpcheck` measured, if it did."""
+    if not path.is_file():
+        return ("The step-by-step comparison of the two layouts is not measured yet: "
+                "`python -m bnlab.ddpcheck --data <dir>` (part of `make table-jitter`).\n")
+    res = json.loads(path.read_text())
+    return "\n".join([
+        f"### The first {res['steps']} steps, parameter by parameter (seed {res['seed']})", "",
+        f"`python -m bnlab.ddpcheck` trains each cell's first {res['steps']} steps as "
+        f"{res['world']} gloo processes and as {res['world']} simulated ranks, and gives, "
+        "after each step, ||real - simulated|| / ||simulated - initial|| over all parameters: "
+        "how far apart the layouts are as a fraction of how far training moved the weights. "
+        "The control trains the simulation again from weights changed by 1 part in 10^15: "
+        "where the layouts drift apart no faster than the control, the drift is the cell's "
+        f"own sensitivity to rounding, not a difference between them. Measured in "
+        f"{res['measure_s']:.0f} s.", "", ddpcheck_table(res), ""])
+
+
+def ddpcheck_table(res: dict) -> str:
+    steps = list(next(iter(next(iter(res["cells"].values())).values())))
+    rows = [[name, what, *(f"{diffs[s]:.1e}" for s in steps)]
+            for name, by in res["cells"].items() for what, diffs in by.items()]
+    return md_table(["cell", "compared", *(f"step {s}" for s in steps)], rows)
 
 
 def ddp_table(ddp: list[CellResult], cells: list[CellResult]) -> str:
