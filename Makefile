@@ -44,7 +44,7 @@ bench: install ## benchmarks (quiet machine, ~15 min; ONLY=sim,syncbn,...) + doc
 perf-doc: install ## docs/performance.md from benchmarks/results/*.json (no measuring)
 	$(PY) benchmarks/perfdoc.py
 
-table-jitter: install ## C1 C4 C6 C8 C9: sweep (DATA=<cifar dir>, JOBS=N) + experiments/jitter/table.md
+table-jitter: install ## C1 C4 C6 C8 C9: sweep (DATA=<cifar dir>, JOBS=N) + real-DDP check + experiments/jitter/table.md
 	$(SWEEP) experiments/jitter/sweep.yaml
 	$(PY) -m bnlab.ddpcheck $(if $(DATA),--data $(DATA))
 	$(PY) -m bnlab.tables jitter
