@@ -65,6 +65,10 @@ def c1(t) -> Verdict:
         why += (f" bn at 4x2 barely learns here (final val acc {fa:.1f}%), so its accuracy has "
                 "little room to swing: with torchvision's ImageNet stem a 32x32 image is 1x1 in "
                 "layer4, where BN normalizes over 2 values per channel.")
+    ca, cb, cf = _m(cbn, "swing"), _m(csb, "swing"), _m(cbn, "final")
+    if not _missing(ca, cb, cf):
+        why += (f" With resnet18_cifar (layer4 4x4), where bn learns (final val acc {cf:.1f}%), "
+                f"bn swings {ca / max(cb, 1e-9):.1f}x as much as syncbn (not ruled on).")
     return Verdict("C1", "make table-jitter", "bn ±10, syncbn ±2", ours, v, why)
 
 

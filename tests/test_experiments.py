@@ -410,3 +410,14 @@ def test_c8_rules_on_each_seeds_own_weights_not_on_the_means(tmp_path):
         d.rmdir()
         fake_run(d, [[16.0, 18.0, 13.0][seed]] * 25, precise=pre)
     assert c8({"jitter": build("jitter", tag, root, tmp_path / "out")}).verdict == "reproduced"
+
+
+def test_c1_also_reports_the_cifar_stem_where_bn_learns_without_ruling_on_it():
+    from bnlab.verdicts import c1
+
+    t = {"jitter": {"bn": _Cell(4.0), "syncbn": _Cell(4.0)}}
+    assert "resnet18_cifar" not in c1(t).why
+    t["jitter"].update({"resnet18_cifar bn": _Cell(6.0), "resnet18_cifar syncbn": _Cell(3.0)})
+    v = c1(t)
+    assert v.verdict == "not reproduced"  # the rule reads the reports' model only
+    assert "final val acc 6.0%), bn swings 2.0x as much as syncbn (not ruled on)" in v.why
