@@ -45,10 +45,9 @@ def _train(cfg: dict, data, env, dtype, steps: int, nudge: float = 0.0) -> dict[
     `nudge`, every initial weight first scaled by 1 + nudge)."""
     import torch
 
-    from bnlab.data import TrainLoader
     from bnlab.metrics import Meter
     from bnlab.optim import build_optimizer
-    from bnlab.trainer import build_net, train_step, wrap
+    from bnlab.trainer import build_net, train_loader, train_step, wrap
 
     model = build_net(cfg).to(dtype)
     with torch.no_grad():
@@ -56,9 +55,7 @@ def _train(cfg: dict, data, env, dtype, steps: int, nudge: float = 0.0) -> dict[
             p.mul_(1 + nudge)
     net = wrap(model, cfg, env)
     sim = cfg["dist"]["simulate"]
-    loader = TrainLoader(data, env.device, cfg["batch_per_gpu"] * sim, env.world, env.rank,
-                         cfg["grad_accum"], cfg["seed"], cfg["data"]["augment"],
-                         cfg["data"].get("rank_skew", False))
+    loader = train_loader(cfg, data, env)
     opt, sched = build_optimizer(cfg["optim"], model, loader.steps_per_epoch, cfg["epochs"])
     meter, keep = Meter(env.device), set(record_steps(steps))
     out = {0: _params(model)} if env.rank == 0 else {}
@@ -92,8 +89,12 @@ def _worker(cfgs: dict, data_root: str, steps: int) -> dict | None:
 
     env = dist.init("cpu", "gloo", timeout_s=600, threads=1)
     result: dict = {}
+    datasets: dict[str, object] = {}  # the cells share their data: read it once
     for name, cfg in cfgs.items():
-        data = build_dataset({**cfg["data"], "root": data_root, "download": False})
+        key = json.dumps(cfg["data"], sort_keys=True)
+        if key not in datasets:
+            datasets[key] = build_dataset({**cfg["data"], "root": data_root, "download": False})
+        data = datasets[key]
         for dtype in (torch.float64, torch.float32):
             real = _train({**cfg, "dist": {**cfg["dist"], "simulate": 1}}, data, env, dtype,
                           steps)
@@ -129,8 +130,9 @@ def measure(data_root: str | None, steps: int) -> dict:
         cfg["seed"] = 0
         cfgs[name] = cfg
     # As the sweep: a folder given with --data is read as is; the default may download.
-    ensure_cifar10(Path(data_root or cfgs["bn"]["data"]["root"]), download=data_root is None)
+    download = data_root is None
     data_root = data_root or cfgs["bn"]["data"]["root"]
+    ensure_cifar10(Path(data_root), download=download)
     t0 = time.perf_counter()
     res = launch_local(_worker, WORLD, cfgs, data_root, steps)[0]
     return {"world": WORLD, "batch_per_gpu": cfgs["bn"]["batch_per_gpu"], "steps": steps,

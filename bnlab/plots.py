@@ -25,17 +25,14 @@ def _precise_points(ax, c: CellResult) -> bool:
     """Val acc after each PreciseBN recalibration (mean, bar = min..max over seeds); False
     when the cell's runs logged none. Its EMA curve is not drawn: PreciseBN does not touch
     training, so that curve is the plain row's and would hide it."""
-    good = [r.series("val/acc_precise") for r in c.runs if not r.diverged]
-    good = [g for g in good if g[0]]
-    if not good:
+    ep, mean, lo, hi = c.mean_series("val/acc_precise")
+    if not ep:
         return False
-    n = min(len(g[0]) for g in good)
-    cols = [[g[1][i] for g in good] for i in range(n)]
-    mean = [sum(v) / len(v) for v in cols]
-    ax.errorbar(good[0][0][:n], mean, yerr=[[m - min(v) for m, v in zip(mean, cols, strict=True)],
-                                            [max(v) - m for m, v in zip(mean, cols, strict=True)]],
+    n = sum(bool(r.series("val/acc_precise")[0]) for r in c.runs if not r.diverged)
+    ax.errorbar(ep, mean, yerr=[[m - a for m, a in zip(mean, lo, strict=True)],
+                                [b - m for m, b in zip(mean, hi, strict=True)]],
                 marker="s", ms=4, ls="--", lw=1, capsize=3,
-                label=f"{c.cell.label}: after each recalibration (n={len(good)})")
+                label=f"{c.cell.label}: after each recalibration (n={n})")
     return True
 
 

@@ -57,11 +57,14 @@ BUDGET_MIN = {"target": 45, "all": 120}
 JOBS = 2
 
 
+def run_minutes(runs: list[RunResult]) -> float:
+    """The runs' sweep.json wall times (all launches) summed, each run counted once."""
+    return sum({r.path: r.wall_s or 0.0 for r in runs}.values()) / 60
+
+
 def wall_minutes(runs: list[RunResult]) -> float:
-    """Wall time of the runs as a sweep at JOBS runs side by side would take it: their
-    sweep.json wall times (all launches), each run counted once, divided by JOBS."""
-    seen = {r.path: r.wall_s or 0.0 for r in runs}
-    return sum(seen.values()) / 60 / JOBS
+    """Wall time of the runs as a sweep at JOBS runs side by side would take it."""
+    return run_minutes(runs) / JOBS
 
 
 def budget_line(runs: list[RunResult], expected: int, limit: str) -> str:
@@ -116,15 +119,21 @@ class CellResult:
             f"{len(self.runs)}/{self.expected}"
         return n + (f" ({self.diverged} diverged)" if self.diverged else "")
 
-    def mean_curve(self) -> tuple[list[float], list[float], list[float], list[float]]:
-        """Val acc per evaluation: epochs, mean, min, max over the seeds that finished."""
-        good = [r for r in self.runs if not r.diverged and r.accs]
+    def mean_series(self, key: str) -> tuple[list[float], list[float], list[float], list[float]]:
+        """`key` per logged point: epochs, mean, min, max over the seeds that finished and
+        logged it."""
+        good = [r.series(key) for r in self.runs if not r.diverged]
+        good = [g for g in good if g[0]]
         if not good:
             return [], [], [], []
-        n = min(len(r.accs) for r in good)
-        cols = list(zip(*[r.accs[:n] for r in good], strict=True))
-        return (good[0].epochs[:n], [sum(c) / len(c) for c in cols], [min(c) for c in cols],
+        n = min(len(ys) for _, ys in good)
+        cols = list(zip(*[ys[:n] for _, ys in good], strict=True))
+        return (good[0][0][:n], [sum(c) / len(c) for c in cols], [min(c) for c in cols],
                 [max(c) for c in cols])
+
+    def mean_curve(self) -> tuple[list[float], list[float], list[float], list[float]]:
+        """Val acc per evaluation: epochs, mean, min, max over the seeds that finished."""
+        return self.mean_series("val/acc")
 
 
 def collect(spec: Spec, tag: str, root: Path = RUNS) -> list[CellResult]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from bnlab import plots
 from bnlab.analysis import MIN_EVALS, WINDOW
 from bnlab.errors import BnlabError, run_cli
-from bnlab.results import CellResult, budget_line, collect, fmt
+from bnlab.results import CellResult, budget_line, collect, fmt, run_minutes
 from bnlab.sweep import ROOT, RUNS, Spec, load_spec
 from bnlab.verdicts import NO_LEARNING, write_readme
 
@@ -40,7 +40,6 @@ def provenance(cells: list[CellResult], tag: str, root: Path = RUNS) -> str:
         if (root / tag / "hosts.json").is_file() else {}
     machines = sorted({hosts.get(r.info.get("host"), r.info.get("host", "?")) for r in runs})
     devices = sorted({r.info.get("device", "?") for r in runs})
-    walls = list({r.path: r.wall_s for r in runs if r.wall_s}.values())
     torch_v = sorted({r.info.get("versions", {}).get("torch") or "?" for r in runs})
     expected = sum(c.expected for c in cells)
     return "\n".join([
@@ -50,7 +49,7 @@ def provenance(cells: list[CellResult], tag: str, root: Path = RUNS) -> str:
         f"{', '.join(torch_v)}",
         f"- Commit(s): {', '.join(f'`{c}`' for c in commits)}",
         f"- Runs: {len(runs)} of {expected} finished; summed run time "
-        f"{sum(walls) / 60:.1f} min (each run's sweep.json, all its launches; other work "
+        f"{run_minutes(runs):.1f} min (each run's sweep.json, all its launches; other work "
         "sometimes shared the cores)",
         f"- Wall time of this target: {budget_line(runs, expected, 'target')}",
     ])

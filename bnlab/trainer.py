@@ -42,6 +42,14 @@ def build_net(cfg: dict) -> nn.Module:
     return convert_norm(model, cfg["norm"]["kind"], **norm)
 
 
+def train_loader(cfg: dict, data: Dataset, env: dist.DistEnv) -> TrainLoader:
+    """The run's training batches; a simulated run reads each global micro-batch whole (the
+    same images in the same order as its real ranks would)."""
+    return TrainLoader(data, env.device, cfg["batch_per_gpu"] * cfg["dist"]["simulate"],
+                       env.world, env.rank, cfg["grad_accum"], cfg["seed"],
+                       cfg["data"]["augment"], cfg["data"].get("rank_skew", False))
+
+
 def eval_points(steps_per_epoch: int, per_epoch: int) -> set[int]:
     """1-based step counts within an epoch after which to evaluate, evenly spaced."""
     if per_epoch > steps_per_epoch:
@@ -197,10 +205,7 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
     net = wrap(model, cfg, env)
     sim = cfg["dist"]["simulate"]
     ranks = env.world * sim
-    # A simulated run reads each global micro-batch whole: the same images in the same order.
-    loader = TrainLoader(data, env.device, cfg["batch_per_gpu"] * sim, env.world, env.rank,
-                         cfg["grad_accum"], cfg["seed"], cfg["data"]["augment"],
-                         cfg["data"].get("rank_skew", False))
+    loader = train_loader(cfg, data, env)
     spe = loader.steps_per_epoch
     if spe == 0:
         raise BnlabError(
