@@ -32,7 +32,7 @@ def median(xs: list[float]) -> float:
 
 def run_cfg(overrides: list[str]) -> dict:
     """A resolved training config, exactly as train.py composes it."""
-    from bnlab.sweep import compose
+    from bnlab.lab.sweep import compose
 
     return compose(overrides)
 
@@ -206,7 +206,7 @@ def eval_s(model: str, batch: int, n: int = 1024) -> float:
     cfg = _ddp_cfg(model, "bn", 1)
     net = trainer.build_net(cfg)
     env = dist.init("cpu", "gloo")
-    trainer.evaluate(net, data, data.val, env, batch)  # warm-up
+    trainer.val_metrics(net, data, data.val, env, batch)  # warm-up
     t0 = time.perf_counter()
-    trainer.evaluate(net, data, data.val, env, batch)
+    trainer.val_metrics(net, data, data.val, env, batch)
     return time.perf_counter() - t0

@@ -25,7 +25,7 @@ from bnlab.errors import BnlabError
 from bnlab.models import MODELS, build_model
 from bnlab.norms import RankBatchNorm2d, bn_value_counts
 from bnlab.precise_bn import ESTIMATORS, recalibrate, set_running_stats
-from bnlab.trainer import build_net, evaluate
+from bnlab.trainer import build_net, val_metrics
 
 
 def _load_rank_stats(model, stats: dict) -> None:
@@ -35,7 +35,7 @@ def _load_rank_stats(model, stats: dict) -> None:
 
 
 @dataclass
-class LoadedRun:
+class TrainedRun:
     """A run's final checkpoint as one process evaluates it."""
 
     state: dict
@@ -48,10 +48,10 @@ class LoadedRun:
     def acc(self, model: torch.nn.Module | None = None, batch: int = 256) -> float:
         """Eval-mode val acc (%) of `model` (default: the loaded one)."""
         m = self.model if model is None else model
-        return evaluate(m, self.data, self.val, self.env, batch)["val/acc"]
+        return val_metrics(m, self.data, self.val, self.env, batch)["val/acc"]
 
 
-def load_run(path: Path, data_root: str | None = None, device: str = "cpu") -> LoadedRun:
+def load_trained(path: Path, data_root: str | None = None, device: str = "cpu") -> TrainedRun:
     """The checkpoint in `path` (a run folder or checkpoint.pt), its data and its model."""
     state = checkpoint.load(path)
     try:
@@ -67,12 +67,12 @@ def load_run(path: Path, data_root: str | None = None, device: str = "cpu") -> L
     model = build_net(train_cfg)
     model.load_state_dict(state["model"])
     model.to(env.device)
-    return LoadedRun(state, train_cfg, env, data, data.val.to(env.device), model)
+    return TrainedRun(state, train_cfg, env, data, data.val.to(env.device), model)
 
 
 def evaluate_run(cfg: DictConfig) -> dict:
     path = Path(cfg.run)
-    run = load_run(path, cfg.data_root, cfg.device)
+    run = load_trained(path, cfg.data_root, cfg.device)
     state, data, val, env, model = run.state, run.data, run.val, run.env, run.model
     acc = run.acc
 

@@ -14,8 +14,7 @@ import tempfile
 from pathlib import Path
 
 from bnlab.errors import BnlabError
-
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+from bnlab.paths import CONFIGS
 
 
 def _group_choice(arg: str) -> str | None:

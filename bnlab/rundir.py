@@ -13,17 +13,18 @@ from pathlib import Path
 
 import yaml
 
+from bnlab.paths import ROOT
+
 PACKAGES = ("torch", "torchvision", "hydra-core", "omegaconf", "numpy", "wandb")
 STATUSES = ("running", "completed", "failed", "diverged", "preempted")
 
 
 def git_commit() -> str | None:
     try:
-        root = Path(__file__).resolve().parent.parent
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                              text=True, timeout=5)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=root, capture_output=True, text=True, timeout=5)
+                               cwd=ROOT, capture_output=True, text=True, timeout=5)
         if out.returncode != 0:
             return None
         return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")

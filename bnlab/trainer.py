@@ -81,7 +81,7 @@ def train_step(model: nn.Module, micro: list, opt: torch.optim.Optimizer, meter:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: Dataset, val, env: dist.DistEnv, batch: int) -> dict:
+def val_metrics(model: nn.Module, data: Dataset, val, env: dist.DistEnv, batch: int) -> dict:
     """Eval-mode loss and accuracy over the whole validation set, sharded across ranks.
 
     Every rank evaluates with rank 0's BN statistics (what a checkpoint keeps); its own
@@ -137,7 +137,7 @@ def run_precise_bn(model: nn.Module, cfg: dict, data: Dataset, val, env: dist.Di
     target = model if pb["mode"] == "apply" else copy.deepcopy(model)
     recalibrate(target, lambda: loader.images(epoch, steps), pb["estimator"], pb["pooling"],
                 progress=env.is_main and cfg["progress"])
-    res = evaluate(target, data, val, env, cfg["data"]["eval_batch"])
+    res = val_metrics(target, data, val, env, cfg["data"]["eval_batch"])
     return {"val/acc_precise": res["val/acc"], "val/loss_precise": res["val/loss"],
             "precise_bn/samples": steps * loader.global_micro,
             "time/precise_bn_s": time.perf_counter() - t0}
@@ -284,7 +284,7 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
                 if i in evals:
                     clock.stop()
                     last = {"step": step, "epoch": epoch + i / spe,
-                            **evaluate(model, data, val, env, cfg["data"]["eval_batch"])}
+                            **val_metrics(model, data, val, env, cfg["data"]["eval_batch"])}
                     if diag:
                         last.update(bn_health(model, cfg, data, val, env, probe))
                     logger.log(last, echo=False)

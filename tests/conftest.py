@@ -37,3 +37,39 @@ def run_entry(script: str, *args: str, cwd: Path, launcher: list[str] | None = N
 def run_dirs(root: Path) -> list[Path]:
     """Every directory under `root` that holds a run's files."""
     return sorted(p.parent for p in root.rglob("config.yaml"))
+
+
+def fake_run(d: Path, accs: list[float], loss: float = 1.0, status: str = "completed",
+             precise: float | None = None) -> None:
+    """A run directory as the trainer writes it, with chosen val acc values."""
+    import json
+
+    from bnlab.rundir import set_status
+
+    d.mkdir(parents=True)
+    rows = [{"step": i, "epoch": (i + 1) / 5, "val/acc": a} for i, a in enumerate(accs)]
+    rows.append({"step": 99, "epoch": 5, "train/loss": loss, "train_epoch/loss": loss,
+                 "time/train_s": 10.0, **({"val/acc_precise": precise} if precise else {})})
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "run.json").write_text(json.dumps({"commit": "abc", "host": "h", "device": "cpu"}))
+    (d / "sweep.json").write_text(json.dumps({"wall_s": 60.0}))
+    set_status(d, status)
+
+
+class Means:
+    """A table cell with a given final val acc, as the verdict rules read it."""
+
+    def __init__(self, final: float):
+        self.final = final
+
+    def stat(self, key: str):
+        from bnlab.lab.analysis import Stat
+
+        return Stat.of([self.final])
+
+
+def build_table(table, tag: str, root: Path, experiments: Path):
+    """`table` built from the runs under `root`/`tag` into `experiments`/<name>/."""
+    from bnlab.lab.table import Context, build
+
+    return build(table, Context(table, experiments, root, tag))

@@ -1,41 +1,42 @@
 """`make figure-losslog` (claim C13): one run's train-loss curve two ways, from its own log.
 
-    python -m bnlab.losslog [--cells bn syncbn] [--seed 0] [--tag cifar10-5085]
+    python -m bnlab.claims losslog [--tag cifar10-5085]
 
 Every train line of metrics.jsonl holds both: `train/loss`, the mean over every step and
 every rank since the previous line (what bnlab plots), and `train/loss_rank0`, the loss of
 the single step at the log step (the sparse sample a logger shows when it reduces, or
 reads, only at log steps; in the 4-rank simulation that step's loss is over all 4 ranks'
 images, which is what an all-reduce at the log step gives). No training: it reads the
-table-jitter runs. Writes experiments/losslog/{table.md, losslog.png} and C13's verdict.
+table-jitter runs (CELLS, seed SEED). Writes experiments/losslog/{table.md, losslog.png} and
+C13's verdict.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from bnlab.analysis import MIN_EVALS, step_sd
-from bnlab.errors import BnlabError, run_cli
-from bnlab.metrics import read_jsonl
-from bnlab.sweep import ROOT, RUNS, load_spec, run_dir
+from bnlab.errors import BnlabError
+from bnlab.lab.analysis import MIN_EVALS, step_sd
+from bnlab.lab.figures import plt, save
+from bnlab.lab.results import Run
+from bnlab.lab.sweep import load_spec, run_dir
+from bnlab.lab.table import Context, Table, Verdict
+from bnlab.paths import EXPERIMENTS, RUNS, shown
 
-OUT = ROOT / "experiments" / "losslog"
-README = ROOT / "experiments" / "README.md"  # where C13's verdict goes
 SPARSE, MEAN = "train/loss_rank0", "train/loss"
+CELLS, SEED = ("bn", "syncbn"), 0  # the table-jitter runs shown
 
 
 def curves(d: Path) -> tuple[list[int], list[float], list[float]]:
-    rows = [r for r in read_jsonl(d / "metrics.jsonl")
-            if r.get(SPARSE) is not None and r.get(MEAN) is not None]
+    rows = [r for r in Run.read(d).rows if r.get(SPARSE) is not None and r.get(MEAN) is not None]
     if len(rows) < MIN_EVALS:
         raise BnlabError(f"{d} has fewer than {MIN_EVALS} train lines with both losses.")
     return [r["step"] for r in rows], [r[SPARSE] for r in rows], [r[MEAN] for r in rows]
 
 
 def find_runs(cells: list[str], seed: int, tag: str, root: Path = RUNS) -> dict[str, Path]:
-    spec = load_spec(ROOT / "experiments" / "jitter" / "sweep.yaml")
+    spec = load_spec(EXPERIMENTS / "jitter" / "sweep.yaml")
     by_label = {c.label: c for c in spec.cells}
     out = {}
     for label in cells:
@@ -50,12 +51,27 @@ def find_runs(cells: list[str], seed: int, tag: str, root: Path = RUNS) -> dict[
     return out
 
 
-def plot(data: dict[str, tuple], path: Path) -> None:
-    import matplotlib
+@dataclass
+class Curves:
+    """The runs shown, and each one's curves: steps, the sparse sample, the running mean."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    seed: int
+    runs: dict[str, Path]
+    data: dict[str, tuple[list[int], list[float], list[float]]]
 
+    @property
+    def rough(self) -> dict[str, tuple[float, float]]:
+        """Each run's step-to-step sd of the sparse and of the mean curve."""
+        return {k: (step_sd(s), step_sd(m)) for k, (_, s, m) in self.data.items()}
+
+
+def load(ctx: Context, cells=CELLS, seed: int = SEED) -> Curves:
+    runs = find_runs(list(cells), seed, ctx.run_tag(), ctx.runs)
+    return Curves(seed, runs, {label: curves(d) for label, d in runs.items()})
+
+
+def plot(c: Curves, path: Path) -> None:
+    data = c.data
     fig, axes = plt.subplots(1, len(data), figsize=(6 * len(data), 4), squeeze=False)
     for ax, (label, (steps, sparse, mean)) in zip(axes[0], data.items(), strict=True):
         ax.plot(steps, sparse, lw=0.8, alpha=0.8, label="the log step's loss (sparse sample)")
@@ -64,14 +80,10 @@ def plot(data: dict[str, tuple], path: Path) -> None:
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("train loss")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
-def verdict(rough: dict[str, tuple[float, float]]):
-    from bnlab.verdicts import Verdict
-
+def verdict(rough: dict[str, tuple[float, float]]) -> Verdict:
     ratios = {k: s / m for k, (s, m) in rough.items()}
     ours = "; ".join(f"{k}: step-to-step sd {s:.3f} sparse vs {m:.3f} mean ({ratios[k]:.1f}x)"
                      for k, (s, m) in rough.items())
@@ -84,47 +96,30 @@ def verdict(rough: dict[str, tuple[float, float]]):
                    "2x or more the mean's in every run shown; partly if 1.25x or more.")
 
 
-def build(cells: list[str], seed: int, tag: str, out: Path = OUT, root: Path = RUNS) -> None:
-    runs = find_runs(cells, seed, tag, root)
-    data = {label: curves(d) for label, d in runs.items()}
-    out.mkdir(parents=True, exist_ok=True)
-    plot(data, out / "losslog.png")
-    rough = {k: (step_sd(s), step_sd(m)) for k, (_, s, m) in data.items()}
+def render(c: Curves) -> str:
+    runs, data, rough, seed = c.runs, c.data, c.rough, c.seed
     v = verdict(rough)
     lines = ["# How the loss is logged (C13)", "",
-             "Generated by `make figure-losslog` (`python -m bnlab.losslog`) from the runs' "
+             "Generated by `make figure-losslog` (`python -m bnlab.claims losslog`) from the runs' "
              "metrics.jsonl; no training.", "",
              "| run | train lines | sparse: step-to-step sd | mean: step-to-step sd | ratio | "
              "sparse: range | mean: range |", "|---|---|---|---|---|---|---|"]
     for label, d in runs.items():
         steps, s, m = data[label]
-        rel = d.relative_to(ROOT) if d.is_relative_to(ROOT) else d
-        lines.append(f"| {label}, seed {seed} (`{rel}`) | {len(steps)} | {rough[label][0]:.3f} "
-                     f"| {rough[label][1]:.3f} | {rough[label][0] / rough[label][1]:.1f}x | "
+        lines.append(f"| {label}, seed {seed} (`{shown(d)}`) | {len(steps)} | "
+                     f"{rough[label][0]:.3f} | {rough[label][1]:.3f} | "
+                     f"{rough[label][0] / rough[label][1]:.1f}x | "
                      f"{min(s):.2f}-{max(s):.2f} | {min(m):.2f}-{max(m):.2f} |")
     lines += ["", "Sparse: `train/loss_rank0`, the loss of the one step at each log step. Mean: "
               "`train/loss`, the mean over every step and every rank since the previous line "
               "(reduced across ranks at log time only). Step-to-step sd: the standard "
               "deviation of successive differences along the curve.", "",
               "![losslog](losslog.png)", "", f"**C13 verdict: {v.verdict}.** {v.why}", ""]
-    (out / "table.md").write_text("\n".join(lines))
-    from bnlab.verdicts import write_block
-
-    write_block(README, "c13", v)
-    print(f"wrote {out / 'table.md'} and {out / 'losslog.png'}")
+    return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from bnlab.tables import default_tag
-
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cells", nargs="+", default=["bn", "syncbn"],
-                   help="table-jitter cells to show (default: bn syncbn)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tag", help="data tag (default: the only folder of experiments/runs)")
-    a = p.parse_args(argv)
-    return run_cli(lambda: build(a.cells, a.seed, a.tag or default_tag()))
+def verdicts(c: Curves) -> list[Verdict]:
+    return [verdict(c.rough)]
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+TABLE = Table("losslog", ("C13",), load, render, verdicts, plot, target="figure-losslog")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import copy
 
-from bnlab import evalmode
+from bnlab import claims
+from bnlab.claims import evalmode
 
 ACC = {"eval mode, batch 1": 40.0, "eval mode, batch 8": 40.0, "eval mode, batch 256": 40.0,
        "train mode, batch 2": 20.0, "train mode, batch 8": 30.0, "train mode, batch 32": 37.0,
@@ -36,9 +37,8 @@ def test_verdict_follows_the_numbers():
     assert evalmode.verdict(res).verdict == "not reproduced"
 
 
-def test_report_without_results_is_one_sentence(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(evalmode, "OUT", tmp_path)
-    assert evalmode.main(["--report"]) == 2
+def test_report_without_results_is_one_sentence(tmp_path, capsys):
+    assert claims.main(["evalmode", "--report", "--experiments", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("bnlab: error: no ")
 
 
@@ -46,6 +46,7 @@ def test_a_run_without_checkpoint_or_eval_json_is_one_sentence(tmp_path):
     import pytest
 
     from bnlab.errors import BnlabError
+    from bnlab.lab.results import eval_json
 
     with pytest.raises(BnlabError, match="no checkpoint on this machine .*table-evalmode RUNS="):
-        evalmode.evaluate(tmp_path)
+        eval_json(tmp_path, "table-evalmode")

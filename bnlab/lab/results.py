@@ -1,40 +1,83 @@
-"""Reading a sweep's runs back: per-run numbers and per-cell statistics over seeds.
+"""Reading runs back: the one run reader, per-cell statistics over seeds, and a checkpoint's
+evaluation (eval.json).
 
-Only what the runs logged is used (metrics.jsonl, status.json, run.json, sweep.json);
-nothing here trains or types a number.
+Only what the runs logged is used (metrics.jsonl, status.json, run.json, config.yaml,
+sweep.json, eval.json); nothing here trains or types a number.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
-from bnlab.analysis import Stat, finite, step_sd, swing, window
+import yaml
+
+from bnlab import checkpoint
+from bnlab.errors import BnlabError
+from bnlab.lab.analysis import Stat, finite, step_sd, swing, window
+from bnlab.lab.sweep import FINAL, Cell, Spec, plan
 from bnlab.metrics import read_jsonl
+from bnlab.paths import ROOT, RUNS
 from bnlab.rundir import read_status
-from bnlab.sweep import RUNS, Cell, Spec, plan
 
 
 @dataclass
-class RunResult:
+class Run:
+    """One run directory as the trainer left it: its metrics lines and records."""
+
     path: Path
-    seed: int
-    status: str
-    epochs: list[float] = field(default_factory=list)
-    accs: list[float] = field(default_factory=list)
+    status: str | None
     rows: list[dict] = field(default_factory=list)
-    info: dict = field(default_factory=dict)
-    wall_s: float | None = None
+    info: dict = field(default_factory=dict)  # run.json
+    wall_s: float | None = None               # sweep.json: all launches of the run
+    seed: int | None = None
+
+    @classmethod
+    def read(cls, path: Path, seed: int | None = None) -> Run:
+        path = Path(path)
+        if not (path / "metrics.jsonl").is_file():
+            raise BnlabError(f"{path} holds no metrics.jsonl; pass a run directory.")
+        info = json.loads((path / "run.json").read_text()) if (path / "run.json").is_file() \
+            else {}
+        sweep = json.loads((path / "sweep.json").read_text()) \
+            if (path / "sweep.json").is_file() else {}
+        return cls(path, read_status(path), read_jsonl(path / "metrics.jsonl"), info,
+                   sweep.get("wall_s"), seed)
+
+    @cached_property
+    def cfg(self) -> dict:
+        """The resolved config the run trained with (config.yaml)."""
+        return yaml.safe_load((self.path / "config.yaml").read_text())
+
+    @property
+    def label(self) -> str:
+        c = self.cfg
+        return (f"{c['model']['name']} {c['norm']['kind']} {self.info.get('world', '?')}x"
+                f"{c['batch_per_gpu']}" + (f" acc{c['grad_accum']}" if c["grad_accum"] > 1 else ""))
 
     def last(self, key: str):
         vals = [r[key] for r in self.rows if key in r]
         return vals[-1] if vals else None
 
     def series(self, key: str) -> tuple[list[float], list[float]]:
-        pts = [(r["epoch"], r[key]) for r in self.rows if key in r]
+        """`key` at every line that logged it: epochs, values."""
+        pts = [(r["epoch"], r[key]) for r in self.rows if r.get(key) is not None]
         return [p[0] for p in pts], [p[1] for p in pts]
+
+    @cached_property
+    def epochs(self) -> list[float]:
+        """The epochs of the evaluations (val acc)."""
+        return self.series("val/acc")[0]
+
+    @cached_property
+    def accs(self) -> list[float]:
+        """Val acc (%) at each evaluation."""
+        return self.series("val/acc")[1]
 
     @property
     def diverged(self) -> bool:
@@ -57,43 +100,43 @@ BUDGET_MIN = {"target": 45, "all": 120}
 JOBS = 2
 
 
-def run_minutes(runs: list[RunResult]) -> float:
+def run_minutes(runs: list[Run]) -> float:
     """The runs' sweep.json wall times (all launches) summed, each run counted once."""
     return sum({r.path: r.wall_s or 0.0 for r in runs}.values()) / 60
 
 
-def wall_minutes(runs: list[RunResult]) -> float:
+def wall_minutes(runs: list[Run]) -> float:
     """Wall time of the runs as a sweep at JOBS runs side by side would take it."""
     return run_minutes(runs) / JOBS
 
 
-def budget_line(runs: list[RunResult], expected: int, limit: str) -> str:
-    """The runs' wall time against the budget `limit` ("target" or "all"), in one sentence."""
-    minutes, cap = wall_minutes(runs), BUDGET_MIN[limit]
-    done = len({r.path for r in runs})
-    scope = "" if done == expected else f" (the {done} of {expected} runs finished so far)"
-    verdict = "within it" if minutes <= cap else f"missed, {minutes / cap:.1f}x over"
-    return (f"budget {cap} min on this machine; the runs{scope} come to about {minutes:.0f} "
-            f"min at {JOBS} runs side by side: {verdict}")
+def finished_run(d: Path, seed: int) -> Run | None:
+    """A finished run (completed or diverged), or None when it is missing or unfinished."""
+    return Run.read(d, seed) if read_status(d) in FINAL else None
 
 
-def load_run(d: Path, seed: int) -> RunResult | None:
-    """A finished run's logs, or None when the run is missing or unfinished."""
-    status = read_status(d)
-    if status not in ("completed", "diverged"):
-        return None
-    rows = read_jsonl(d / "metrics.jsonl")
-    ep, acc = zip(*[(r["epoch"], r["val/acc"]) for r in rows if "val/acc" in r],
-                  strict=True) if any("val/acc" in r for r in rows) else ((), ())
-    info = json.loads((d / "run.json").read_text())
-    sweep = json.loads((d / "sweep.json").read_text()) if (d / "sweep.json").is_file() else {}
-    return RunResult(d, seed, status, list(ep), list(acc), rows, info, sweep.get("wall_s"))
+def train_seconds(dirs) -> float:
+    """The runs' training wall time, summed over their sweep.json records."""
+    return round(sum(json.loads((d / "sweep.json").read_text()).get("wall_s", 0.0)
+                     for d in dirs if (d / "sweep.json").is_file()), 1)
+
+
+def eval_json(d: Path, target: str) -> dict:
+    """eval.json of the run in `d`, made with evaluate.py from its checkpoint if the run has
+    none yet (`target`: the make target that measures again when the checkpoint is gone)."""
+    if not (d / "eval.json").is_file():
+        checkpoint.require(d, target)
+        p = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), f"run={d}"], cwd=ROOT,
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            raise BnlabError(f"evaluate.py failed on {d}: {p.stderr.strip()[-300:]}")
+    return json.loads((d / "eval.json").read_text())
 
 
 @dataclass
 class CellResult:
     cell: Cell
-    runs: list[RunResult]
+    runs: list[Run]
     expected: int
 
     @property
@@ -137,9 +180,9 @@ class CellResult:
 
 
 def collect(spec: Spec, tag: str, root: Path = RUNS) -> list[CellResult]:
-    by_cell: dict[str, list[RunResult]] = {c.label: [] for c in spec.cells}
+    by_cell: dict[str, list[Run]] = {c.label: [] for c in spec.cells}
     for cell, seed, d in plan(spec, tag, root):
-        r = load_run(d, seed)
+        r = finished_run(d, seed)
         if r is not None:
             by_cell[cell.label].append(r)
     return [CellResult(c, by_cell[c.label], len(c.seeds)) for c in spec.cells]

@@ -1,6 +1,7 @@
-"""Real DDP against the simulation on table-jitter's key cells, step by step.
+"""The jitter table's measurement: real DDP against the simulation on its key cells, step by
+step (`make table-jitter` runs it; the table shows it).
 
-    python -m bnlab.ddpcheck [--data DIR] [--steps 20] [--out experiments/jitter]
+    python -m bnlab.claims.ddpcheck [--data DIR] [--steps 20] [--out experiments/jitter]
 
 For bn and syncbn at 4 ranks x 2 images (the jitter spec's own cells, seed 0, on the real
 data), trains the first `--steps` optimizer steps twice, as 4 gloo processes and as
@@ -21,10 +22,14 @@ import json
 import time
 from pathlib import Path
 
-from bnlab.errors import BnlabError, run_cli
+from bnlab.cli import run_cli
+from bnlab.errors import BnlabError
+from bnlab.lab.table import md_table
+from bnlab.paths import EXPERIMENTS
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "experiments" / "jitter"
+OUT = EXPERIMENTS / "jitter"
+SAVED = "ddpcheck.json"
+STEPS = 20  # optimizer steps compared
 CELLS = ("bn", "syncbn")
 WORLD = 4
 NUDGE = 1e-15  # the control's change to every initial weight (float64 resolves 2.2e-16)
@@ -117,16 +122,16 @@ def measure(data_root: str | None, steps: int) -> dict:
     """`data_root` None: the cells' own data.root (downloaded when missing, as train.py)."""
     from bnlab.data import ensure_cifar10
     from bnlab.dist import launch_local
-    from bnlab.sweep import load_spec
+    from bnlab.lab.sweep import load_spec
 
-    spec = load_spec(ROOT / "experiments" / "jitter" / "sweep.yaml")
+    spec = load_spec(OUT / "sweep.yaml")
     cells = {c.label: c for c in spec.cells}
     cfgs = {}
     for name in CELLS:
         cfg = json.loads(json.dumps(cells[name].cfg))
         if cfg["dist"]["simulate"] != WORLD or cfg["dist"]["nproc_per_node"] != 1:
             raise BnlabError(f"the jitter cell `{name}` is no longer {WORLD} simulated ranks; "
-                             "update bnlab/ddpcheck.py with the spec.")
+                             "update bnlab/claims/ddpcheck.py with the spec.")
         cfg["seed"] = 0
         cfgs[name] = cfg
     # As the sweep: a folder given with --data is read as is; the default may download.
@@ -139,23 +144,46 @@ def measure(data_root: str | None, steps: int) -> dict:
             "seed": 0, "cells": res, "measure_s": round(time.perf_counter() - t0, 1)}
 
 
+def section(path: Path) -> str:
+    """The jitter table's section: the comparison this module measured, if it did."""
+    if not path.is_file():
+        return ("The step-by-step comparison of the two layouts is not measured yet: "
+                "`python -m bnlab.claims.ddpcheck --data <dir>` (part of `make table-jitter`).\n")
+    res = json.loads(path.read_text())
+    return "\n".join([
+        f"### The first {res['steps']} steps, parameter by parameter (seed {res['seed']})", "",
+        f"`python -m bnlab.claims.ddpcheck` trains each cell's first {res['steps']} steps as "
+        f"{res['world']} gloo processes and as {res['world']} simulated ranks, and gives, "
+        "after each step, ||real - simulated|| / ||simulated - initial|| over all parameters: "
+        "how far apart the layouts are as a fraction of how far training moved the weights. "
+        "The control trains the simulation again from weights changed by 1 part in 10^15: "
+        "where the layouts drift apart no faster than the control, the drift is the cell's "
+        "own sensitivity to rounding, not a difference between them. Measured in "
+        f"{res['measure_s']:.0f} s.", "", table(res), ""])
+
+
+def table(res: dict) -> str:
+    steps = list(next(iter(next(iter(res["cells"].values())).values())))
+    rows = [[name, what, *(f"{diffs[s]:.1e}" for s in steps)]
+            for name, by in res["cells"].items() for what, diffs in by.items()]
+    return md_table(["cell", "compared", *(f"step {s}" for s in steps)], rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", help="folder holding cifar-10-batches-py (default: data.root)")
-    p.add_argument("--steps", type=int, default=20, help="optimizer steps to compare")
+    p.add_argument("--steps", type=int, default=STEPS, help="optimizer steps to compare")
     p.add_argument("--out", type=Path, default=OUT, help="where ddpcheck.json goes")
 
     def body() -> None:
-        from bnlab.tables import ddpcheck_table
-
         a = p.parse_args(argv)
         if a.steps < 1:
             raise BnlabError("--steps must be 1 or more.")
         res = measure(a.data, a.steps)
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "ddpcheck.json").write_text(json.dumps(res, indent=2) + "\n")
-        print(ddpcheck_table(res))
-        print(f"wrote {a.out / 'ddpcheck.json'} ({res['measure_s']} s)")
+        (a.out / SAVED).write_text(json.dumps(res, indent=2) + "\n")
+        print(table(res))
+        print(f"wrote {a.out / SAVED} ({res['measure_s']} s)")
 
     return run_cli(body)
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import copy
 import json
 
-from bnlab import pitfalls
-from bnlab.sweep import ROOT
+from bnlab import claims
+from bnlab.claims import pitfalls
+from bnlab.paths import ROOT
 
 RECORDED = json.loads((ROOT / "experiments/pitfalls/results.json").read_text())
 
@@ -38,5 +39,5 @@ def test_verdict_follows_the_observations():
 
 
 def test_report_without_results_is_one_sentence(tmp_path, capsys):
-    assert pitfalls.main(["--report", "--out", str(tmp_path)]) == 2
+    assert claims.main(["pitfalls", "--report", "--experiments", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("bnlab: error: no ")

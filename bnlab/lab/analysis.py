@@ -62,3 +62,6 @@ class Stat:
             return "-"
         s = f"{self.mean:.{digits}f}"
         return s + (f" ± {self.std:.{digits}f}" if self.std is not None else "")
+
+
+NO_LEARNING = 15.0   # final val acc (%) below which a run did not learn (chance is 10%)

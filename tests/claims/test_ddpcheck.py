@@ -1,4 +1,4 @@
-"""bnlab.ddpcheck: table-jitter's key cells, real 4-process DDP against the simulation."""
+"""bnlab.claims.ddpcheck: table-jitter's key cells, real 4-process DDP against the simulation."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import json
 import pytest
 import torch
 
-from bnlab import ddpcheck
-from bnlab.tables import ddpcheck_section
+from bnlab.claims import ddpcheck
 from conftest import CIFAR_MINI, needs_cifar
 
 
@@ -27,11 +26,12 @@ def test_the_difference_is_a_fraction_of_how_far_training_moved_the_weights():
 
 
 def test_the_jitter_table_shows_the_check_or_says_how_to_measure_it(tmp_path):
-    assert "`python -m bnlab.ddpcheck --data <dir>`" in ddpcheck_section(tmp_path / "none.json")
+    assert "`python -m bnlab.claims.ddpcheck --data <dir>`" in \
+        ddpcheck.section(tmp_path / "none.json")
     res = {"world": 4, "steps": 2, "seed": 0, "measure_s": 12.3,
            "cells": {"bn": {"float64, real vs simulated": {"1": 2.5e-15, "2": 1.2e-10}}}}
     (tmp_path / "ddpcheck.json").write_text(json.dumps(res))
-    text = ddpcheck_section(tmp_path / "ddpcheck.json")
+    text = ddpcheck.section(tmp_path / "ddpcheck.json")
     assert "| bn | float64, real vs simulated | 2.5e-15 | 1.2e-10 |" in text
     assert "first 2 steps" in text and "Measured in 12 s" in text
 

@@ -9,9 +9,10 @@ import math
 
 import pytest
 
-from bnlab import dist, rankstats, trainer
+from bnlab import claims, dist, trainer
+from bnlab.claims import rankstats
 from bnlab.errors import BnlabError
-from bnlab.sweep import load_spec
+from bnlab.lab.sweep import load_spec
 from conftest import CIFAR_MINI, needs_cifar
 
 ACC = {"eval mode, batch 256": 30.0, "rank 0 running statistics": 30.0,
@@ -35,7 +36,7 @@ RES = {"date": "2026-11-22", "tag": "cifar10-9",
 
 @needs_cifar
 def test_checkpoint_keeps_rank_0_in_the_model_state_and_every_rank_beside_it(tmp_path):
-    cell = next(c for c in load_spec(rankstats.SPEC).cells if c.meta["buffers"] == "off")
+    cell = next(c for c in load_spec(rankstats.TABLE.spec_path).cells if c.meta["buffers"] == "off")
     cfg = json.loads(json.dumps(cell.cfg))
     cfg["data"].update(root=str(CIFAR_MINI), download=False, val_limit=32, train_limit=32)
     cfg.update(epochs=1, eval_every=1, progress=False, checkpoint=True)
@@ -75,17 +76,14 @@ def test_verdict_follows_the_numbers():
     assert rankstats.verdict(res).verdict == "not reproduced"
 
 
-def test_report_writes_table_plot_and_verdict(tmp_path, monkeypatch):
-    monkeypatch.setattr(rankstats, "ROOT", tmp_path)
-    (tmp_path / "experiments").mkdir()
-    (tmp_path / "results.json").write_text(json.dumps(RES))
-    monkeypatch.setattr(rankstats, "OUT", tmp_path)
-    assert rankstats.main(["--report"]) == 0
-    assert (tmp_path / "rankstats.png").stat().st_size > 0
-    assert "<!-- c7:begin -->" in (tmp_path / "experiments" / "README.md").read_text()
+def test_report_writes_table_plot_and_verdict(tmp_path):
+    (tmp_path / "rankstats").mkdir()
+    (tmp_path / "rankstats" / "results.json").write_text(json.dumps(RES))
+    assert claims.main(["rankstats", "--report", "--experiments", str(tmp_path)]) == 0
+    assert (tmp_path / "rankstats" / "rankstats.png").stat().st_size > 0
+    assert "<!-- c7:begin -->" in (tmp_path / "README.md").read_text()
 
 
-def test_report_without_results_is_one_sentence(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(rankstats, "OUT", tmp_path)
-    assert rankstats.main(["--report"]) == 2
+def test_report_without_results_is_one_sentence(tmp_path, capsys):
+    assert claims.main(["rankstats", "--report", "--experiments", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("bnlab: error: no ")

@@ -1,6 +1,8 @@
 """Run an experiment's grid (cells x seeds) as separate `train.py` runs, N at a time.
 
-    python -m bnlab.sweep experiments/jitter/sweep.yaml --data ../shared/data/cifar10-mini
+    python -m bnlab.lab.sweep experiments/jitter/sweep.yaml --data ../shared/data/cifar10-mini
+
+(`make table-<name>` runs its table's sweep through `python -m bnlab.claims <name>`.)
 
 A sweep spec (`experiments/<name>/sweep.yaml`) names a Hydra experiment config, the seeds,
 and its cells (a label and the overrides that make the cell). Each cell is composed first,
@@ -35,12 +37,12 @@ import yaml
 from tqdm import tqdm
 
 from bnlab.checkpoint import CHECKPOINT
+from bnlab.cli import run_cli
 from bnlab.config import NOT_EXPERIMENT, without, without_added_later
 from bnlab.errors import BnlabError
+from bnlab.paths import CONFIGS, ROOT, RUNS, shown
 from bnlab.rundir import machine, read_status
 
-ROOT = Path(__file__).resolve().parent.parent
-RUNS = ROOT / "experiments" / "runs"
 FINAL = ("completed", "diverged")  # a run with this status is a result: never re-run
 RUN_ONLY = ["progress=false", "checkpoint=true", "resume=auto"]
 PREEMPTED = 75  # the sweep's exit status when stopped by a signal (as train.py's)
@@ -114,7 +116,7 @@ def compose(overrides: list[str]) -> dict:
 
     hydra_setup.register()
     try:
-        with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+        with initialize_config_dir(str(CONFIGS), version_base="1.3"):
             cfg = OmegaConf.to_container(hydra_compose("train", overrides=overrides),
                                          resolve=True)
     except (HydraException, OmegaConfBaseException) as e:
@@ -163,33 +165,6 @@ def record_host(folder: Path) -> None:
     hosts = json.loads(f.read_text()) if f.is_file() else {}
     hosts[socket.gethostname()] = machine()
     f.write_text(json.dumps(hosts, indent=2, sort_keys=True) + "\n")
-
-
-def train_seconds(dirs) -> float:
-    """The runs' training wall time, summed over their sweep.json records."""
-    return round(sum(json.loads((d / "sweep.json").read_text()).get("wall_s", 0.0)
-                     for d in dirs if (d / "sweep.json").is_file()), 1)
-
-
-def wall_line(res: dict) -> str:
-    """A results.json's wall times as one sentence for its table."""
-    parts = []
-    if res.get("train_s") is not None:
-        parts.append(f"training its runs took {res['train_s'] / 60:.1f} min of wall time "
-                     "(their sweep.json, summed; runs share the cores with other jobs)")
-    if res.get("measure_s") is not None:
-        parts.append(f"the measuring command took {res['measure_s'] / 60:.1f} min")
-    return ("Wall time on this machine: " + "; ".join(parts) + ".") if parts else ""
-
-
-def seeds_line(cells) -> str:
-    """Which seeds the table's cells ran, and why not more."""
-    seeds = sorted({c["seed"] for c in cells})
-    if len(seeds) > 1:
-        return f"Seeds {', '.join(map(str, seeds))}."
-    return (f"Seed {seeds[0]} of each cell: one seed, because a target gets 30 minutes on this "
-            "2-core machine and one 4x2 run takes about 8 minutes at 2 jobs; differences "
-            "smaller than a run's swing are not evidence here.")
 
 
 def run_dir(tag: str, cell: Cell, seed: int, root: Path = RUNS) -> Path:
@@ -308,6 +283,18 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
     return counts
 
 
+def outcome(counts: dict[str, int], minutes: float) -> int:
+    """Print how the sweep ended; its exit status: PREEMPTED when a signal stopped it (the
+    same command resumes), 1 when a run failed, else 0."""
+    print(("finished: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+           if counts else "nothing to run") + f" in {minutes:.1f} min")
+    if counts.get("preempted") or counts.get("not started"):
+        print("stopped by a signal: run the same command to resume the preempted runs from "
+              "their checkpoints.")
+        return PREEMPTED
+    return 1 if any(s not in FINAL for s in counts) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("specs", type=Path, nargs="+", help="experiments/<name>/sweep.yaml ...")
@@ -316,9 +303,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="runs in parallel (default: one per core, one thread each)")
     p.add_argument("--dry-run", action="store_true", help="list the runs and their state")
     p.add_argument("--runs", type=Path, default=RUNS,
-                   help=f"folder of run directories (default {RUNS.relative_to(ROOT)})")
+                   help=f"folder of run directories (default {shown(RUNS)})")
     a = p.parse_args(argv)
-    try:
+
+    def body() -> int:
         if a.jobs < 1:
             raise BnlabError(f"--jobs={a.jobs} must be at least 1.")
         specs = [load_spec(s, a.data) for s in a.specs]
@@ -326,23 +314,14 @@ def main(argv: list[str] | None = None) -> int:
             tag = data_tag(specs[0].cells[0].cfg)
             for cell, seed, d in plan(specs, tag, a.runs):
                 print(f"{read_status(d) or 'to run':10s} {cell.label:42s} seed {seed}  "
-                      f"{d.relative_to(ROOT) if d.is_relative_to(ROOT) else d}")
+                      f"{shown(d)}")
             return 0
         t0 = time.perf_counter()
         counts = sweep(specs, a.data, a.jobs, root=a.runs)
-    except BnlabError as e:
-        print(f"bnlab: error: {e}", file=sys.stderr)
-        return 2
-    print(("finished: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-           if counts else "nothing to run") + f" in {(time.perf_counter() - t0) / 60:.1f} min")
-    if counts.get("preempted") or counts.get("not started"):
-        print("stopped by a signal: run the same command to resume the preempted runs from "
-              "their checkpoints.")
-        return PREEMPTED
-    bad = sum(n for s, n in counts.items() if s not in FINAL)
-    return 1 if bad else 0
+        return outcome(counts, (time.perf_counter() - t0) / 60)
+
+    return run_cli(body)
 
 
 if __name__ == "__main__":
     sys.exit(main())
-

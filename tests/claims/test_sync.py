@@ -9,9 +9,10 @@ import json
 
 import pytest
 
-from bnlab import dist, naivesync, trainer
+from bnlab import claims, dist, trainer
+from bnlab.claims import sync
 from bnlab.errors import BnlabError
-from bnlab.sweep import load_spec
+from bnlab.lab.sweep import load_spec
 from conftest import CIFAR_MINI, needs_cifar
 
 
@@ -46,38 +47,38 @@ def test_naive_variance_is_never_above_the_union_and_skew_lowers_it(tmp_path):
     """On real weights: the mean of the ranks' variances cannot exceed the union's (it lacks
     the spread of the ranks' means), and sorting each batch by label across ranks widens that
     spread."""
-    cell = next(c for c in load_spec(naivesync.SPEC).cells
+    cell = next(c for c in load_spec(sync.TABLE.spec_path).cells
                 if c.meta["norm"] == "syncbn" and c.meta["batches"] == "shuffled")
     cfg = json.loads(json.dumps(cell.cfg))
     cfg["data"].update(root=str(CIFAR_MINI), download=False, val_limit=32, train_limit=64)
     cfg.update(epochs=1, eval_every=1, progress=False, checkpoint=True)
     trainer.run(cfg, tmp_path, dist.init("cpu", "auto", 60, 0))
-    got = naivesync.variance_bias(tmp_path, batches=8)
+    got = sync.variance_bias(tmp_path, batches=8)
     plain, skewed = got["shuffled"], got["skewed"]
     assert len(plain["layers"]) == 20 and plain["batches"] == 8
     for b in (plain, skewed):
         assert all(-1 <= v <= 1e-9 for v in b["bias"])
-    assert naivesync._median(skewed["bias"]) < naivesync._median(plain["bias"])
+    assert sync._median(skewed["bias"]) < sync._median(plain["bias"])
 
 
 def test_missing_checkpoint_is_one_sentence(tmp_path):
     with pytest.raises(BnlabError, match="no checkpoint on this machine"):
-        naivesync.variance_bias(tmp_path)
+        sync.variance_bias(tmp_path)
 
 
 def test_step_times_come_from_the_benchmark_results(tmp_path):
     (tmp_path / "box.json").write_text(json.dumps(BENCH))
-    got = naivesync.bench_rows(tmp_path)
+    got = sync.bench_rows(tmp_path)
     assert list(got) == ["test box"]
     assert [r["ratio"] for r in got["test box"]["rows"]] == [2.0, 2.2]
     assert got["test box"]["commit"] == "abcdef0123"
-    assert naivesync.bench_rows(tmp_path / "none") == {}
+    assert sync.bench_rows(tmp_path / "none") == {}
 
 
 def test_table_and_verdict(tmp_path):
     (tmp_path / "box.json").write_text(json.dumps(BENCH))
-    res = {**RES, "bench": naivesync.bench_rows(tmp_path)}
-    text = naivesync.table(res)
+    res = {**RES, "bench": sync.bench_rows(tmp_path)}
+    text = sync.table(res)
     assert "| syncbn_naive | skewed | 35.0 | 36.0 | ±2.0 | 1.5e+05 | completed |" in text
     assert "| bn | shuffled | 30.0 | 31.0 | ±2.0 | 2.25 | completed |" in text
     assert "| 1 | layer1.0.bn1 | -0.300 | -0.500 |" in text
@@ -85,20 +86,19 @@ def test_table_and_verdict(tmp_path):
     assert "| syncbn, 4-process gloo, resnet18 x 2 | 0.6000 | 0.3000 | 2.00x |" in text
     assert "sync every step 297 s/epoch, 76.1% top-1 (1.62x)" in text
     assert "**C12 verdict: reproduced.**" in text
-    assert "step time syncbn 2.00x (4-process gloo, resnet18 x 2)" in naivesync.verdict(res).ours
-    assert "No benchmark results" in naivesync.table(RES)
+    assert "step time syncbn 2.00x (4-process gloo, resnet18 x 2)" in sync.verdict(res).ours
+    assert "No benchmark results" in sync.table(RES)
 
 
 def test_verdict_follows_the_numbers():
     res = copy.deepcopy(RES)
     res["bias"]["skewed"]["bias"] = [-0.1, -0.2]  # skew no worse
-    assert naivesync.verdict(res).verdict == "partly"
+    assert sync.verdict(res).verdict == "partly"
     res["bias"]["shuffled"]["bias"] = [0.0, -0.01]  # and hardly biased
     res["bias"]["skewed"]["bias"] = [0.0, -0.01]
-    assert naivesync.verdict(res).verdict == "not reproduced"
+    assert sync.verdict(res).verdict == "not reproduced"
 
 
-def test_report_without_results_is_one_sentence(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(naivesync, "OUT", tmp_path)
-    assert naivesync.main(["--report"]) == 2
+def test_report_without_results_is_one_sentence(tmp_path, capsys):
+    assert claims.main(["sync", "--report", "--experiments", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("bnlab: error: no ")

@@ -1,0 +1,32 @@
+"""The reported tables, one module each, named as its make target and its experiments/ folder.
+
+    python -m bnlab.claims NAME... | all [--report] [--data DIR] [--jobs N] [--runs DIR]
+
+`make table-sync` -> bnlab/claims/sync.py -> experiments/sync/ (table.md, sync.png,
+results.json). Each module exports one `Table` (bnlab.lab.table): what it trains and measures,
+how it renders, its plot, and the rules of its claims' verdicts, written beside it.
+ddpcheck.py is no table: it is the jitter table's measurement of real DDP against the
+simulation.
+"""
+
+from __future__ import annotations
+
+from bnlab.claims import (
+    batch,
+    evalmode,
+    jitter,
+    losslog,
+    pitfalls,
+    precisebn,
+    ranks,
+    rankstats,
+    sync,
+)
+from bnlab.lab import table
+
+TABLES: dict[str, table.Table] = {m.TABLE.name: m.TABLE for m in (
+    jitter, batch, ranks, evalmode, rankstats, sync, precisebn, losslog, pitfalls)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return table.main(TABLES, argv)

@@ -1,0 +1,99 @@
+"""`make table-ranks` (claims C3, C5): one rank against four at the same global batch, and
+gradient accumulation.
+
+    python -m bnlab.claims ranks --data DIR --jobs 2   # sweep, then the table
+    python -m bnlab.claims ranks --report              # table from the runs' logs only
+
+Trains experiments/ranks/sweep.yaml (1x8 beside 4x2, 4x2 + grad_accum 4 beside 4x8) and
+writes experiments/ranks/{table.md, ranks.png}.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bnlab.lab.analysis import NO_LEARNING
+from bnlab.lab.figures import band, legend, plt, save
+from bnlab.lab.results import CellResult
+from bnlab.lab.table import (
+    METRIC_HEADER,
+    SWING_NOTE,
+    RunsData,
+    Table,
+    Verdict,
+    md_table,
+    mean_of,
+    metric_cells,
+    missing,
+    runs_data,
+    runs_page,
+    side_by_side,
+)
+
+
+def render(d: RunsData) -> str:
+    rows = []
+    for c in d.cells:
+        cfg = c.cell.cfg
+        rows.append([c.cell.label, str(c.cell.meta["global"]), str(cfg["batch_per_gpu"]),
+                     str(cfg["grad_accum"]), f"{cfg['optim']['lr']:g}", *metric_cells(c)])
+    return runs_page(d, "\n".join([
+        md_table(["layout", "global batch", "BN batch (images per rank)", "grad_accum", "lr",
+                  *METRIC_HEADER], rows), "",
+        "Pairs share the global batch, the learning rate and the order of the images (the "
+        "sampler is layout-independent): 1x8 with 4x2, and 4x2 + grad_accum 4 with 4x8. "
+        "Gradient accumulation enlarges the optimizer's batch, not the batch BN normalizes "
+        "over.", "", SWING_NOTE, ""]))
+
+
+def plot(d: RunsData, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for c in d.cells:
+        band(ax, c)
+    ax.set(xlabel="epoch", ylabel="val accuracy (%)")
+    ax.grid(alpha=0.3)
+    legend(ax, 8)
+    save(fig, path,
+         "Same global batch, same data order: val accuracy (mean and range over seeds)")
+
+
+# ----------------------------------------------------------------------------------------
+# The rules: each claim's verdict from the cells (label -> CellResult)
+
+
+def c3(cells: dict[str, CellResult]) -> Verdict:
+    one, four = cells.get("1 rank x 8"), cells.get("4 ranks x 2")
+    a, b = mean_of(one, "swing"), mean_of(four, "swing")
+    ours = side_by_side(one, four, "1x8", "4x2")
+    if missing(a, b):
+        return Verdict("C3", "make table-ranks", "1x8 far more stable than 4x2", ours,
+                       "not run yet", "")
+    v = "reproduced" if b >= 2 * a else "partly" if b >= 1.5 * a else "not reproduced"
+    why = (f"4x2 swings {b / max(a, 1e-9):.1f}x as much as 1x8 (rule: >= 2x reproduced, "
+           ">= 1.5x partly).")
+    fb = mean_of(four, "final")
+    if fb is not None and fb < NO_LEARNING + 5:
+        why += (f" 4x2 barely learns (final val acc {fb:.1f}%), so its swing says little; "
+                "1x8 normalizes over the same 8 images that syncbn at 4x2 does.")
+    return Verdict("C3", "make table-ranks", "1x8 far more stable than 4x2", ours, v, why)
+
+
+def c5(cells: dict[str, CellResult]) -> Verdict:
+    acc, big = cells.get("4 ranks x 2 + grad_accum 4"), cells.get("4 ranks x 8")
+    a, b = mean_of(acc, "swing"), mean_of(big, "swing")
+    fa, fb = mean_of(acc, "final"), mean_of(big, "final")
+    ours = side_by_side(acc, big, "4x2+accum4", "4x8")
+    if missing(a, b, fa, fb):
+        return Verdict("C5", "make table-ranks", "accumulation does not help BN", ours,
+                       "not run yet", "")
+    v = "reproduced" if a >= 1.5 * b or fb - fa >= 3 else "not reproduced"
+    return Verdict("C5", "make table-ranks", "accumulation does not help BN", ours, v,
+                   "Rule: reproduced if accumulation leaves a swing >= 1.5x that of the real "
+                   "batch of 8 per rank, or an accuracy 3+ points lower.")
+
+
+def verdicts(d: RunsData) -> list[Verdict]:
+    return [c3(d.by_label), c5(d.by_label)]
+
+
+TABLE = Table("ranks", ("C3", "C5"), runs_data, render, verdicts, plot, block="claims")

@@ -1,0 +1,15 @@
+"""The repository's folders, named once (every other module takes them from here)."""
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent    # the checkout: train.py, configs/, experiments/
+CONFIGS = ROOT / "configs"
+EXPERIMENTS = ROOT / "experiments"               # one folder per reported table
+RUNS = EXPERIMENTS / "runs"                      # the sweeps' run directories, by data tag
+README = EXPERIMENTS / "README.md"               # where the claims' verdicts are written
+BENCH_RESULTS = ROOT / "benchmarks" / "results"  # the benchmark's measurements, per machine
+
+
+def shown(path: Path) -> Path:
+    """`path` relative to the checkout when it lies inside it (as tables print run folders)."""
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path

@@ -1,0 +1,55 @@
+"""Runs read back: unfinished runs left out, wall times from the run records, and the lines
+every table states at its head."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bnlab.lab.results import Run, collect
+from bnlab.lab.sweep import load_spec
+from bnlab.paths import ROOT
+from conftest import fake_run
+
+
+def test_collect_ignores_unfinished_runs(tmp_path):
+    spec = load_spec(ROOT / "experiments/ranks/sweep.yaml")
+    cell = spec.cells[0]
+    fake_run(tmp_path / "t" / cell.key / "seed0", [1.0] * 25, status="running")
+    assert collect(spec, "t", tmp_path)[0].runs == []
+
+
+def test_tables_state_their_wall_time_from_the_run_records(tmp_path):
+    from bnlab.lab.results import train_seconds
+    from bnlab.lab.table import wall_line
+
+    for i, w in enumerate([100.0, 50.5]):
+        (tmp_path / f"r{i}").mkdir()
+        (tmp_path / f"r{i}" / "sweep.json").write_text(json.dumps({"wall_s": w}))
+    (tmp_path / "no-record").mkdir()
+    assert train_seconds(sorted(tmp_path.iterdir())) == 150.5
+    line = wall_line({"train_s": 150.5, "measure_s": 30.0})
+    assert "training its runs took 2.5 min" in line and "took 0.5 min" in line
+    assert wall_line({}) == ""
+
+
+def test_tables_name_their_seeds_and_say_why_only_when_one():
+    from bnlab.lab.table import seeds_line
+
+    assert seeds_line([{"seed": 1}, {"seed": 1}]).startswith("Seed 1 of each cell: one seed")
+    assert seeds_line([{"seed": 2}, {"seed": 1}]) == "Seeds 1, 2."
+
+
+def test_the_budget_line_counts_each_run_once_and_says_whether_it_was_met():
+    from bnlab.lab.table import budget_line
+
+    runs = [Run(Path(f"r{i}"), "completed", wall_s=600.0) for i in range(9)]
+    # 9 runs of 10 min at 2 side by side: 45 min, the per-target budget exactly.
+    assert budget_line(runs + runs[:3], 9, "target").endswith("come to about 45 min at 2 runs "
+                                                              "side by side: within it")
+    over = budget_line(runs + [Run(Path("r9"), "completed", wall_s=1800.0)], 12,
+                       "target")
+    assert "(the 10 of 12 runs finished so far)" in over and "60 min" in over
+    assert over.endswith("missed, 1.3x over")
+    assert budget_line(runs, 9, "all").startswith("budget 120 min") and "within it" in \
+        budget_line(runs, 9, "all")

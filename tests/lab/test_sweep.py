@@ -1,0 +1,192 @@
+"""The sweep: specs keyed by the resolved config, the job pool, stopping and resuming, and a
+smoke run of every cell of every experiment for a few steps."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bnlab import dist, trainer
+from bnlab.errors import BnlabError
+from bnlab.lab.sweep import Cell, Spec, compose, load_spec, plan, sweep
+from bnlab.paths import EXPERIMENTS, ROOT
+from bnlab.rundir import read_status, set_status
+from conftest import CIFAR_MINI, needs_cifar, run_entry
+
+SPECS = sorted(EXPERIMENTS.glob("*/sweep.yaml"))
+
+
+def test_runs_are_keyed_by_the_resolved_config():
+    jitter = load_spec(ROOT / "experiments/jitter/sweep.yaml")
+    batch = load_spec(ROOT / "experiments/batch/sweep.yaml")
+    ranks = load_spec(ROOT / "experiments/ranks/sweep.yaml")
+    j = {c.label: c.key for c in jitter.cells}
+    b = {c.label: c.key for c in batch.cells}
+    r = {c.label: c.key for c in ranks.cells}
+    # The same experiment reached through different specs and names shares its runs...
+    assert j["bn"] == b["bn 2"] == r["4 ranks x 2"]
+    assert j["syncbn"] == b["syncbn 2"] and j["gn (32 groups)"] == b["gn 2"]
+    assert r["4 ranks x 8"] == b["bn 8"]
+    # ...and anything that changes the computation changes the key.
+    assert len(set(j.values())) == len(j)
+    assert r["4 ranks x 2 + grad_accum 4"] != b["bn 8"]
+    same = compose(["experiment=jitter", "log_every=7", "name=other", "progress=false"])
+    assert Cell("x", [], [0], same).key == j["bn"]
+
+
+def test_a_cell_that_does_not_compose_fails_before_anything_runs(tmp_path):
+    spec = tmp_path / "bad" / "sweep.yaml"
+    spec.parent.mkdir()
+    spec.write_text("experiment: jitter\ncells:\n  - {label: x, overrides: [norm=nope]}\n")
+    with pytest.raises(BnlabError, match="norm=nope"):
+        load_spec(spec)
+    spec.write_text("experiment: jitter\ncells:\n  - {label: x, overrides: [batch_per_gpu=0]}\n")
+    with pytest.raises(BnlabError, match="batch_per_gpu"):
+        load_spec(spec)
+
+
+def test_plan_runs_every_cell_once_seed_major_and_expensive_cells_last():
+    specs = [load_spec(p) for p in SPECS]
+    steps = plan(specs, "tag")
+    dirs = [d for _, _, d in steps]
+    assert len(dirs) == len(set(dirs))
+    expected = {(c.key, s) for sp in specs for c in sp.cells for s in c.seeds}
+    assert {(d.parent.name, int(d.name[4:])) for d in dirs} == expected
+    orders = [c.meta.get("order", 0) for c, _, _ in steps]
+    assert orders == sorted(orders)
+    first = [s for c, s, _ in steps if c.meta.get("order", 0) == 0]
+    assert first == sorted(first)
+
+
+def tiny_spec(tmp_path: Path, num_train: int = 64) -> Spec:
+    """Two cells on generated data, a few steps each: the runner's real code path."""
+    spec = tmp_path / "tiny" / "sweep.yaml"
+    spec.parent.mkdir()
+    ov = (f"[model=resnet20, data=synthetic, data.num_train={num_train}, data.num_val=32, "
+          "epochs=1, "
+          "batch_per_gpu=4, eval_every=1, dist.simulate=2, diagnostics.enabled=false{}]")
+    spec.write_text("experiment: demo\nseeds: [0]\ncells:\n"
+                    f"  - {{label: a, overrides: {ov.format('')}}}\n"
+                    f"  - {{label: b, overrides: {ov.format(', norm=gn, norm.cap_groups=true')}}}"
+                    "\n")
+    return load_spec(spec)
+
+
+def test_sweep_runs_cells_skips_finished_ones_and_sets_unfinished_aside(tmp_path):
+    spec = tiny_spec(tmp_path)
+    root = tmp_path / "runs"
+    assert sweep([spec], None, jobs=2, root=root) == {"completed": 2}
+    dirs = [d for _, _, d in plan(spec, "synthetic-64", root)]
+    assert all(read_status(d) == "completed" for d in dirs)
+    assert json.loads((dirs[0] / "sweep.json").read_text())["rc"] == 0
+    assert (root / "synthetic-64" / "hosts.json").is_file()
+    before = (dirs[0] / "metrics.jsonl").read_text()
+    assert sweep([spec], None, jobs=2, root=root) == {}  # nothing re-run, nothing touched
+    assert (dirs[0] / "metrics.jsonl").read_text() == before
+    (dirs[1] / "checkpoint.pt").unlink()
+    set_status(dirs[1], "running")  # as if the machine died mid-run, before any checkpoint
+    set_status(dirs[0], "preempted")  # as if stopped after its last checkpoint
+    assert sweep([spec], None, jobs=1, root=root) == {"completed": 2}
+    kept = dirs[1].with_name("seed0.unfinished-1")
+    assert kept.is_dir() and read_status(kept) == "running"
+    assert read_status(dirs[1]) == "completed"
+    assert "from_step" in json.loads((dirs[0] / "run.json").read_text())["resumed"][0]
+    assert json.loads((dirs[0] / "sweep.json").read_text())["launches"] == 2
+    assert (dirs[0] / "metrics.jsonl").read_text() == before  # resumed at the end: no new rows
+
+
+@pytest.mark.slow  # CI time (71 s); resuming preempted runs is also in the test above
+def test_sigterm_stops_the_sweep_and_the_same_command_resumes_it(tmp_path):
+    spec = tiny_spec(tmp_path, num_train=512)
+    root = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "bnlab.lab.sweep", str(spec.path), "--jobs", "1", "--runs",
+           str(root)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    first = plan(spec, "synthetic-512", root)[0][2]
+    deadline = time.monotonic() + 120
+    while not (first / "metrics.jsonl").is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 75, out
+    assert "run the same command to resume" in out
+    assert read_status(first) == "preempted" and (first / "checkpoint.pt").is_file()
+    second = plan(spec, "synthetic-512", root)[1][2]
+    assert not second.exists()  # queued runs do not start once the sweep is stopping
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "will resume preempted run" in done.stdout
+    assert read_status(first) == read_status(second) == "completed"
+    assert json.loads((first / "sweep.json").read_text())["launches"] == 2
+
+
+def test_a_run_killed_by_the_sweeps_signal_before_it_began_is_not_started(tmp_path):
+    """SIGTERM can reach train.py before it installs its handler (while it imports): that run
+    never began, so it is reported as not started and leaves no directory to set aside."""
+    from bnlab.lab.sweep import Jobs, launch
+
+    class Early(Jobs):
+        def start(self, cmd, **kw):
+            proc = super().start([sys.executable, "-c", "import time; time.sleep(60)"], **kw)
+            self.stop()
+            return proc
+
+    d = tmp_path / "cell" / "seed0"
+    cell = Cell("a", ["experiment=demo"], [0])
+    assert launch(cell, 0, d, None, 1, [], Early()) == ("not started", 0.0)
+    assert not d.exists()
+
+
+def smoke_cfg(cell: Cell) -> dict:
+    cfg = json.loads(json.dumps(cell.cfg))
+    micro = cfg["batch_per_gpu"] * cfg["dist"]["simulate"] * cfg["dist"]["nproc_per_node"]
+    cfg["data"].update(root=str(CIFAR_MINI), download=False, val_limit=64,
+                       train_limit=2 * micro * cfg["grad_accum"])
+    cfg.update(epochs=1, eval_every=1, max_steps=0, progress=False, checkpoint=False)
+    cfg["precise_bn"]["num_samples"] = micro // cfg["batch_per_gpu"] * cfg["precise_bn"]["batch"]
+    return cfg
+
+
+def unique_cells(real: bool) -> list[Cell]:
+    seen, out = set(), []
+    for p in SPECS:
+        for c in load_spec(p).cells:
+            if c.key not in seen and (c.cfg["dist"]["nproc_per_node"] > 1) == real:
+                seen.add(c.key)
+                out.append(c)
+    return out
+
+
+@needs_cifar
+@pytest.mark.parametrize("cell", unique_cells(real=False), ids=lambda c: c.key)
+def test_every_experiment_cell_trains_a_few_steps(cell, tmp_path):
+    cfg = smoke_cfg(cell)
+    env = dist.init("cpu", "auto", 60, 0)
+    res = trainer.run(cfg, tmp_path, env)
+    assert read_status(tmp_path) == "completed"
+    assert math.isfinite(res["val/acc"])
+    if cfg["precise_bn"]["every"]:
+        assert "val/acc_precise" in res
+
+
+@needs_cifar
+@pytest.mark.slow  # 4 real gloo processes per cell; the 4-process path is tested in test_train
+def test_real_ddp_experiment_cells_run_a_few_steps(tmp_path):
+    for cell in unique_cells(real=True):
+        cfg = smoke_cfg(cell)
+        args = [*cell.overrides, f"data.root={CIFAR_MINI}", "data.download=false",
+                f"data.train_limit={cfg['data']['train_limit']}", "data.val_limit=64",
+                "epochs=1", "eval_every=1", "max_steps=0", "progress=false",
+                "checkpoint=false", f"hydra.run.dir={tmp_path / cell.key}"]
+        p = run_entry("train.py", *args, cwd=tmp_path)
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert read_status(tmp_path / cell.key) == "completed"
+        assert json.loads((tmp_path / cell.key / "run.json").read_text())["processes"] == 4

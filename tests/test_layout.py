@@ -1,0 +1,146 @@
+"""The package's layers, read from its own imports (top-level and inside functions alike).
+
+    uv run python tests/test_layout.py     # modules, layers, the longest import chain, circles
+
+bnlab/ (the library) never imports bnlab.lab or bnlab.claims; bnlab.lab never imports
+bnlab.claims; bnlab.errors imports nothing from bnlab; no module imports itself back through
+any chain (no circle).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from functools import cache
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "bnlab"
+
+
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Each bnlab module and the bnlab modules it imports anywhere in its text."""
+    files = {module_name(p, package): p for p in sorted(package.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # `from bnlab import dist` names the module dist; `from bnlab.x import f`, x.
+                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files
+                           else node.module for a in node.names]
+            else:
+                continue
+            for t in targets:
+                while t and t not in files:
+                    t = t.rpartition(".")[0]
+                if t and t != name and t != "bnlab":
+                    deps.add(t)
+        graph[name] = deps
+    return graph
+
+
+def layer(module: str) -> str:
+    """`claims`, `lab` or `library` (bnlab/*.py)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in ("lab", "claims") else \
+        parts[1] if parts[1:] in (["lab"], ["claims"]) else "library"
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    sys.setrecursionlimit(10_000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def longest_chain(graph: dict[str, set[str]]) -> list[str]:
+    """The longest path of imports (a -> b: a imports b); the graph must have no circle."""
+
+    @cache
+    def from_(v: str) -> tuple[str, ...]:
+        return (v, *max((from_(w) for w in graph[v]), key=len, default=()))
+
+    return list(max((from_(v) for v in sorted(graph)), key=len))
+
+
+# -- the tests --------------------------------------------------------------------------------
+
+def test_no_module_imports_itself_back():
+    assert circles(import_graph()) == []
+
+
+def test_imports_go_one_way_library_lab_claims():
+    allowed = {"library": {"library"}, "lab": {"library", "lab"},
+               "claims": {"library", "lab", "claims"}}
+    wrong = [f"{a} -> {b}" for a, deps in import_graph().items() for b in deps
+             if layer(b) not in allowed[layer(a)]]
+    assert wrong == []
+
+
+def test_the_exception_module_imports_nothing_from_bnlab():
+    assert import_graph()["bnlab.errors"] == set()
+
+
+def test_the_graph_reader_sees_circles_and_chains(tmp_path):
+    pkg = tmp_path / "bnlab"
+    (pkg / "lab").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "lab" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from bnlab.b import f\n")
+    (pkg / "b.py").write_text("def f():\n    from bnlab import a\n")
+    (pkg / "lab" / "c.py").write_text("import bnlab.a\n")
+    g = import_graph(pkg)
+    assert g["bnlab.a"] == {"bnlab.b"} and g["bnlab.b"] == {"bnlab.a"}
+    assert circles(g) == [["bnlab.a", "bnlab.b"]]
+    (pkg / "b.py").write_text("X = 1\n")
+    g = import_graph(pkg)
+    assert circles(g) == [] and longest_chain(g) == ["bnlab.lab.c", "bnlab.a", "bnlab.b"]
+    assert [layer(m) for m in ("bnlab.a", "bnlab.lab.c", "bnlab.lab")] == \
+        ["library", "lab", "lab"]
+
+
+if __name__ == "__main__":
+    g = import_graph()
+    by_layer: dict[str, list[str]] = {}
+    for m in sorted(g):
+        by_layer.setdefault(layer(m), []).append(m)
+    for name, mods in by_layer.items():
+        print(f"{name}: {len(mods)} modules")
+    found = circles(g)
+    print(f"circles: {len(found)}" + "".join(f"\n  {' <-> '.join(c)}" for c in found))
+    if not found:
+        chain = longest_chain(g)
+        print(f"longest import chain ({len(chain)} modules): {' -> '.join(chain)}")
