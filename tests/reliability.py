@@ -100,11 +100,11 @@ CASES = [
 # Faults that need processes killed or misconfigured mid-run: each checked by the named test.
 FAULTS = [
     ("SIGTERM or Ctrl-C to a sweep",
-     "test_experiments.py::test_sigterm_stops_the_sweep_and_the_same_command_resumes_it",
+     "lab/test_sweep.py::test_sigterm_stops_the_sweep_and_the_same_command_resumes_it",
      "every running job checkpoints and stops as `preempted`, queued runs do not start, the "
      "sweep exits with 75, and the same command resumes the preempted runs"),
     ("a sweep stopped while a run is still starting",
-     "test_experiments.py::test_a_run_killed_by_the_sweeps_signal_before_it_began_is_not_started",
+     "lab/test_sweep.py::test_a_run_killed_by_the_sweeps_signal_before_it_began_is_not_started",
      "a run that SIGTERM reaches before train.py handles it is reported as not started and its "
      "folder removed, so the next launch starts it afresh (not `failed`)"),
     ("kill -9 mid-epoch, then the same command again",

@@ -1,0 +1,47 @@
+"""The registry of reported tables: one name from the make target to the module to the output
+folder, and `make report` rebuilding every committed table, plot and verdict as it is."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+from bnlab import claims
+from bnlab.paths import EXPERIMENTS, ROOT
+
+
+def test_each_table_is_one_module_named_as_its_target_and_its_folder():
+    makefile = (ROOT / "Makefile").read_text()
+    for name, table in claims.TABLES.items():
+        assert table.name == name
+        assert (ROOT / "bnlab" / "claims" / f"{name}.py").is_file()
+        assert (EXPERIMENTS / name / "table.md").is_file()
+        target = table.make.removeprefix("make ")
+        assert re.search(rf"^{target}: .*\n\t\$\(CLAIMS\) {name}\n", makefile, re.M), target
+    assert "\t$(PY) -m bnlab.claims all --report\n" in makefile
+
+
+def test_every_claim_has_one_verdict_block_in_the_readme():
+    readme = (EXPERIMENTS / "README.md").read_text()
+    for marker in {t.marker for t in claims.TABLES.values()}:
+        assert readme.count(f"<!-- {marker}:begin -->") == 1
+    ruled = [c for t in claims.TABLES.values() for c in t.claims]
+    assert sorted(ruled) == sorted([f"C{i}" for i in range(1, 14)] + ["L1", "L2"])
+
+
+def test_the_report_rebuilds_the_committed_tables_plots_and_verdicts(tmp_path):
+    """`make report` from the committed runs and results.json: the same bytes."""
+    out = tmp_path / "experiments"
+    shutil.copytree(EXPERIMENTS, out, ignore=shutil.ignore_patterns("runs"))
+    for f in out.rglob("*"):  # every output emptied, every verdict block cleared
+        if f.name == "README.md":
+            f.write_text(re.sub(r"(<!-- (\w+):begin -->).*?(<!-- \2:end -->)", r"\1\n\3",
+                                f.read_text(), flags=re.S))
+        elif f.suffix in (".md", ".png"):
+            f.write_bytes(b"")
+    assert claims.main(["all", "--report", "--experiments", str(out)]) == 0
+    made = sorted(f.relative_to(out) for f in out.rglob("*") if f.suffix in (".md", ".png"))
+    assert made == sorted(f.relative_to(EXPERIMENTS) for f in EXPERIMENTS.rglob("*")
+                          if f.suffix in (".md", ".png") and "runs" not in f.parts)
+    for rel in made:
+        assert (out / rel).read_bytes() == (EXPERIMENTS / rel).read_bytes(), rel
