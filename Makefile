@@ -55,7 +55,7 @@ table-ranks: install ## C3 C5: 1 rank vs 4, grad accumulation -> experiments/ran
 	$(CLAIMS) ranks
 
 tables: install ## all three sweeps in one pool (shared cells run once), then every table
-	$(CLAIMS) jitter batch ranks
+	$(CLAIMS) jitter ranks batch
 
 table-evalmode: install ## C10: eval vs train mode from checkpoints (DATA=<cifar dir>) -> experiments/evalmode/
 	$(CLAIMS) evalmode

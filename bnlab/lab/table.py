@@ -75,6 +75,7 @@ class Table:
     saved: str = "results.json"
     block: str = ""      # the README markers its verdicts go between; default: its claim
     target: str = ""     # default: table-<name>
+    spec: Path | None = None  # the sweep it trains; default: experiments/<name>/sweep.yaml
 
     @property
     def make(self) -> str:
@@ -91,7 +92,7 @@ class Table:
 
     @property
     def spec_path(self) -> Path:
-        return EXPERIMENTS / self.name / "sweep.yaml"
+        return self.spec or EXPERIMENTS / self.name / "sweep.yaml"
 
     @property
     def trains(self) -> bool:

@@ -1,0 +1,70 @@
+"""The tables' one command line: train a table's sweep, measure, write table.md, the plot and
+the verdict; `--report` rebuilds from what was kept; bad input is one sentence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bnlab.lab.table import Context, Table, Verdict, main
+from bnlab.rundir import read_status
+
+
+def tiny_table(tmp_path: Path) -> Table:
+    """A table over two tiny runs on generated data (the sweep's real code path)."""
+    spec = tmp_path / "specs" / "tiny" / "sweep.yaml"
+    spec.parent.mkdir(parents=True)
+    ov = ("[model=resnet20, data=synthetic, data.num_train=32, data.num_val=16, epochs=1, "
+          "batch_per_gpu=4, eval_every=1, dist.simulate=2, diagnostics.enabled=false{}]")
+    spec.write_text("experiment: demo\nseeds: [0]\ncells:\n"
+                    f"  - {{label: a, overrides: {ov.format('')}}}\n"
+                    f"  - {{label: b, overrides: {ov.format(', norm=gn, norm.cap_groups=true')}}}"
+                    "\n")
+
+    def measure(ctx: Context) -> dict:  # what a table measures on its finished runs
+        return {"finished": sum(bool(c.runs) for c in ctx.cells())}
+
+    def load(ctx: Context) -> tuple[dict, list]:
+        return ctx.results(), ctx.cells()
+
+    def render(data) -> str:
+        res, cells = data
+        return f"measured {res['finished']} cells; " + ", ".join(
+            f"{c.cell.label}: {len(c.runs)} run" for c in cells)
+
+    def verdicts(data) -> list[Verdict]:
+        return [Verdict("C99", "make table-tiny", "claimed", "ours", "reproduced", "why")]
+
+    return Table("tiny", ("C99",), load, render, verdicts, measure=measure, spec=spec)
+
+
+def test_a_table_trains_measures_and_writes_then_rebuilds_from_what_it_kept(tmp_path, capsys):
+    table = tiny_table(tmp_path)
+    args = ["tiny", "--jobs", "2", "--runs", str(tmp_path / "runs"), "--experiments",
+            str(tmp_path / "exp")]
+    assert main({"tiny": table}, args) == 0
+    out = tmp_path / "exp" / "tiny"
+    assert (out / "table.md").read_text() == "measured 2 cells; a: 1 run, b: 1 run"
+    res = json.loads((out / "results.json").read_text())
+    assert res["finished"] == 2 and res["measure_s"] > 0
+    assert all(read_status(d) == "completed"
+               for d in (tmp_path / "runs" / "synthetic-32").glob("*/seed0"))
+    readme = (tmp_path / "exp" / "README.md").read_text()
+    assert "<!-- c99:begin -->" in readme and "| C99 | `make table-tiny` |" in readme
+    (out / "table.md").unlink()
+    assert "running 2 with 2 job(s)" in capsys.readouterr().out  # the first call trained
+    assert main({"tiny": table}, [*args, "--report"]) == 0  # no sweep, no measuring
+    assert "runs already done" not in capsys.readouterr().out
+    assert (out / "table.md").read_text() == "measured 2 cells; a: 1 run, b: 1 run"
+    assert json.loads((out / "results.json").read_text()) == res
+
+
+def test_bad_input_is_one_sentence_and_writes_nothing(tmp_path, capsys):
+    table = tiny_table(tmp_path)
+    exp = tmp_path / "exp"
+    assert main({"tiny": table}, ["tiny", "--report", "--experiments", str(exp)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bnlab: error: no ") and "run `make table-tiny` first" in err
+    assert main({"tiny": table}, ["tiny", "--jobs", "0", "--experiments", str(exp)]) == 2
+    assert capsys.readouterr().err == "bnlab: error: --jobs=0 must be at least 1.\n"
+    assert not exp.exists()
