@@ -14,24 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from bnlab.claims import ddpcheck
+from bnlab.lab import table
 from bnlab.lab.analysis import NO_LEARNING, Stat
 from bnlab.lab.figures import band, legend, mean_loss, plt, precise_points, save
-from bnlab.lab.results import CellResult, fmt
-from bnlab.lab.table import (
-    METRIC_HEADER,
-    SWING_NOTE,
-    RunsData,
-    Table,
-    Verdict,
-    md_table,
-    mean_of,
-    metric_cells,
-    missing,
-    runs_data,
-    runs_page,
-    shown_stat,
-    side_by_side,
-)
+from bnlab.lab.results import CellResult, fmt, mean_of, missing, shown_stat, side_by_side
+from bnlab.lab.table import RunsData, Verdict
 
 TITLES = {"main": "4 ranks x 2 images, torchvision resnet18",
           "C4": "C4: augmentation off, and the reports' exact learning rate",
@@ -54,7 +41,7 @@ def render(d: RunsData) -> str:
     by_section = sections(d)
     lines = []
     for sec in ("main", "C4", "cifar_stem"):
-        rows = [[c.cell.label, *metric_cells(c)] for c in by_section.get(sec, [])]
+        rows = [[c.cell.label, *table.metric_cells(c)] for c in by_section.get(sec, [])]
         if sec == "main":
             pb = [c for c in by_section.get(sec, []) if c.stat("precise").n]
             extra = [f"- PreciseBN row, val acc after the last recalibration: "
@@ -63,8 +50,8 @@ def render(d: RunsData) -> str:
         else:
             extra = []
         if rows:
-            lines += [f"## {TITLES[sec]}", "", md_table(["row", *METRIC_HEADER], rows), "",
-                      *extra, ""]
+            lines += [f"## {TITLES[sec]}", "",
+                      table.md_table(["row", *table.METRIC_HEADER], rows), "", *extra, ""]
     ddp = by_section.get("ddp", [])
     if ddp:
         lines += ["## Simulation vs real DDP (4 gloo processes), seed 0", "",
@@ -73,8 +60,8 @@ def render(d: RunsData) -> str:
                   "layouts, so the runs are expected to agree closely at first and then drift "
                   "apart chaotically (see README, Simulated ranks).", "",
                   ddp_table(ddp, d.cells), ""]
-    lines += [ddpcheck.section(d.out / ddpcheck.SAVED), SWING_NOTE, ""]
-    return runs_page(d, "\n".join(lines))
+    lines += [ddpcheck.section(d.out / ddpcheck.SAVED), table.SWING_NOTE, ""]
+    return table.runs_page(d, "\n".join(lines))
 
 
 def ddp_table(ddp: list[CellResult], cells: list[CellResult]) -> str:
@@ -102,7 +89,7 @@ def ddp_table(ddp: list[CellResult], cells: list[CellResult]) -> str:
                      " ".join(fmt(a) for a in sim_acc) + " / "
                      + " ".join(fmt(a) for a in real_run.accs),
                      f"{sim_acc[-1] - real_run.accs[-1]:+.1f}" if sim_acc else "-"])
-    return md_table(["cell", "steps", "train loss at first log, sim / real",
+    return table.md_table(["cell", "steps", "train loss at first log, sim / real",
                      "max abs loss diff over logs", "val acc at each eval, sim / real",
                      "last val acc diff (pts)"], rows)
 
@@ -259,5 +246,5 @@ def measure(ctx) -> dict:
     return ddpcheck.measure(ctx.data, ddpcheck.STEPS)
 
 
-TABLE = Table("jitter", ("C1", "C4", "C6", "C8", "C9"), runs_data, render, verdicts, plot,
-              measure=measure, saved=ddpcheck.SAVED, block="claims")
+TABLE = table.Table("jitter", ("C1", "C4", "C6", "C8", "C9"), table.runs_data, render, verdicts,
+                    plot, measure=measure, saved=ddpcheck.SAVED, block="claims")

@@ -12,23 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bnlab.lab import table
 from bnlab.lab.analysis import NO_LEARNING
 from bnlab.lab.figures import band, legend, plt, save
-from bnlab.lab.results import CellResult
-from bnlab.lab.table import (
-    METRIC_HEADER,
-    SWING_NOTE,
-    RunsData,
-    Table,
-    Verdict,
-    md_table,
-    mean_of,
-    metric_cells,
-    missing,
-    runs_data,
-    runs_page,
-    side_by_side,
-)
+from bnlab.lab.results import CellResult, mean_of, missing, side_by_side
+from bnlab.lab.table import RunsData, Verdict
 
 
 def render(d: RunsData) -> str:
@@ -36,14 +24,14 @@ def render(d: RunsData) -> str:
     for c in d.cells:
         cfg = c.cell.cfg
         rows.append([c.cell.label, str(c.cell.meta["global"]), str(cfg["batch_per_gpu"]),
-                     str(cfg["grad_accum"]), f"{cfg['optim']['lr']:g}", *metric_cells(c)])
-    return runs_page(d, "\n".join([
-        md_table(["layout", "global batch", "BN batch (images per rank)", "grad_accum", "lr",
-                  *METRIC_HEADER], rows), "",
+                     str(cfg["grad_accum"]), f"{cfg['optim']['lr']:g}", *table.metric_cells(c)])
+    return table.runs_page(d, "\n".join([
+        table.md_table(["layout", "global batch", "BN batch (images per rank)", "grad_accum",
+                        "lr", *table.METRIC_HEADER], rows), "",
         "Pairs share the global batch, the learning rate and the order of the images (the "
         "sampler is layout-independent): 1x8 with 4x2, and 4x2 + grad_accum 4 with 4x8. "
         "Gradient accumulation enlarges the optimizer's batch, not the batch BN normalizes "
-        "over.", "", SWING_NOTE, ""]))
+        "over.", "", table.SWING_NOTE, ""]))
 
 
 def plot(d: RunsData, path: Path) -> None:
@@ -96,4 +84,4 @@ def verdicts(d: RunsData) -> list[Verdict]:
     return [c3(d.by_label), c5(d.by_label)]
 
 
-TABLE = Table("ranks", ("C3", "C5"), runs_data, render, verdicts, plot, block="claims")
+TABLE = table.Table("ranks", ("C3", "C5"), table.runs_data, render, verdicts, plot, block="claims")

@@ -190,3 +190,27 @@ def collect(spec: Spec, tag: str, root: Path = RUNS) -> list[CellResult]:
 
 def fmt(x, digits: int = 1) -> str:
     return f"{x:.{digits}f}" if finite(x) else "-"
+
+
+# ----------------------------------------------------------------------------------------
+# What the verdict rules read of a cell
+
+
+def mean_of(c: CellResult | None, key: str) -> float | None:
+    """The mean over seeds of a cell's `key` (None: no cell, or no seed finished)."""
+    return None if c is None else c.stat(key).mean
+
+
+def shown_stat(c: CellResult | None, key: str = "swing") -> str:
+    """`mean ± std` of a cell's `key`, `-` without one."""
+    return "-" if c is None else c.stat(key).fmt()
+
+
+def side_by_side(x: CellResult | None, y: CellResult | None, lx: str, ly: str) -> str:
+    """`swing X ±a, Y ±b; final acc c vs d`: two cells side by side."""
+    return (f"swing {lx} ±{shown_stat(x)}, {ly} ±{shown_stat(y)}; final acc "
+            f"{shown_stat(x, 'final')} vs {shown_stat(y, 'final')}")
+
+
+def missing(*vals) -> bool:
+    return any(v is None for v in vals)
