@@ -16,6 +16,7 @@ import numpy as np
 
 WINDOW = 0.4    # the last 40% of training
 MIN_EVALS = 8   # evaluations the window must hold
+NO_LEARNING = 15.0  # final val acc (%) below which a run did not learn (chance is 10%)
 
 
 def window(epochs: list[float], accs: list[float], total_epochs: float) -> list[float]:
@@ -62,6 +63,3 @@ class Stat:
             return "-"
         s = f"{self.mean:.{digits}f}"
         return s + (f" ± {self.std:.{digits}f}" if self.std is not None else "")
-
-
-NO_LEARNING = 15.0   # final val acc (%) below which a run did not learn (chance is 10%)
