@@ -6,7 +6,6 @@ ROOT = Path(__file__).resolve().parent.parent    # the checkout: train.py, confi
 CONFIGS = ROOT / "configs"
 EXPERIMENTS = ROOT / "experiments"               # one folder per reported table
 RUNS = EXPERIMENTS / "runs"                      # the sweeps' run directories, by data tag
-README = EXPERIMENTS / "README.md"               # where the claims' verdicts are written
 BENCH_RESULTS = ROOT / "benchmarks" / "results"  # the benchmark's measurements, per machine
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bnlab.cli import run_cli
 from bnlab.errors import BnlabError
-from bnlab.lab.table import md_table
+from bnlab.lab.table import md_table, save_results
 from bnlab.paths import EXPERIMENTS
 
 OUT = EXPERIMENTS / "jitter"
@@ -180,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.steps < 1:
             raise BnlabError("--steps must be 1 or more.")
         res = measure(a.data, a.steps)
-        a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / SAVED).write_text(json.dumps(res, indent=2) + "\n")
+        save_results(a.out / SAVED, res)
         print(table(res))
         print(f"wrote {a.out / SAVED} ({res['measure_s']} s)")
 

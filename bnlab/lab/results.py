@@ -52,6 +52,8 @@ class Run:
     @cached_property
     def cfg(self) -> dict:
         """The resolved config the run trained with (config.yaml)."""
+        if not (self.path / "config.yaml").is_file():
+            raise BnlabError(f"{self.path} holds no config.yaml; pass a run directory.")
         return yaml.safe_load((self.path / "config.yaml").read_text())
 
     @property
