@@ -11,7 +11,7 @@ export BNLAB_TEST_DATA ?= $(abspath ../shared/data/cifar10-mini)
 .DEFAULT_GOAL := help
 .PHONY: help install test test-slow lint demo bench perf-doc clean table-jitter table-batch table-ranks \
 	tables report table-pitfalls figure-losslog table-evalmode table-rankstats table-sync \
-	table-precisebn layout
+	table-precisebn layout table-lrpilot table-plateau table-decompose
 JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 # make table-X runs bnlab/claims/X.py: its sweep (DATA, JOBS, RUNS), what it measures, experiments/X/
 CLAIMS = $(PY) -m bnlab.claims $(if $(DATA),--data $(DATA)) $(if $(RUNS),--runs $(RUNS)) --jobs $(JOBS)
@@ -56,6 +56,15 @@ table-ranks: install ## C3 C5: 1 rank vs 4, grad accumulation -> experiments/ran
 
 tables: install ## all three sweeps in one pool (shared cells run once), then every table
 	$(CLAIMS) jitter ranks batch
+
+table-lrpilot: install ## the headline protocol's learning rate, by its stated rule -> experiments/lrpilot/
+	$(CLAIMS) lrpilot
+
+table-plateau: install ## C1 C4 C6 C9 on the headline protocol: detrended jitter, floors, 5 seeds (hours) -> experiments/plateau/
+	$(CLAIMS) plateau
+
+table-decompose: install ## C8, and why BN jitters: the same weights with EMA, PreciseBN and batch statistics -> experiments/decompose/
+	$(CLAIMS) decompose
 
 table-evalmode: install ## C10: eval vs train mode from checkpoints (DATA=<cifar dir>) -> experiments/evalmode/
 	$(CLAIMS) evalmode

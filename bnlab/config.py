@@ -16,7 +16,7 @@ from bnlab.data import DATASETS, cifar_missing_message, cifar_present
 from bnlab.errors import BnlabError
 from bnlab.models import MODELS
 from bnlab.norms import NORMS
-from bnlab.optim import SCHEDULES
+from bnlab.optim import OPTIMIZERS, SCHEDULES
 from bnlab.precise_bn import ESTIMATORS, POOLINGS
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
@@ -45,7 +45,9 @@ def without(cfg: dict, keys) -> dict:
 
 # Keys added after runs were made, at the value those runs had: a config holding one at that
 # value is the same experiment as one without it (run directory names, resume checks).
-ADDED_LATER = {"on_nan": "stop", "data.rank_skew": False}
+ADDED_LATER = {"on_nan": "stop", "data.rank_skew": False, "record.predictions": False,
+               "record.decompose": False, "record.decompose_samples": 2048,
+               "record.decompose_after": 0.0, "optim.name": "sgd"}
 
 
 def get_dotted(cfg: dict, dotted: str):
@@ -56,8 +58,13 @@ def get_dotted(cfg: dict, dotted: str):
 
 
 def without_added_later(cfg: dict) -> dict:
-    """`cfg` without the ADDED_LATER keys that hold their old value."""
-    return without(cfg, [k for k, v in ADDED_LATER.items() if get_dotted(cfg, k) == v])
+    """`cfg` without the ADDED_LATER keys that hold their old value (and without a group those
+    keys leave empty)."""
+    c = without(cfg, [k for k, v in ADDED_LATER.items() if get_dotted(cfg, k) == v])
+    for group in {k.split(".")[0] for k in ADDED_LATER if "." in k}:
+        if c.get(group) == {} and cfg.get(group) != {}:
+            c.pop(group)
+    return c
 
 
 def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -132,12 +139,16 @@ def validate(cfg: dict) -> None:
         _need(isinstance(v, bool), f"data.{k}", "true or false", v)
 
     o = cfg["optim"]
+    _need(o.get("name", "sgd") in OPTIMIZERS, "optim.name",
+          f"one of {', '.join(OPTIMIZERS)} (pick it with optim=<name>)", o.get("name"))
     _need(_is_num(o["lr"]) and o["lr"] > 0, "optim.lr", "a positive number", o["lr"])
     _need(_is_num(o["momentum"]) and 0 <= o["momentum"] < 1, "optim.momentum",
           "a number in [0, 1)", o["momentum"])
     _need(_is_num(o["weight_decay"]) and o["weight_decay"] >= 0, "optim.weight_decay",
           "a non-negative number", o["weight_decay"])
     _need(isinstance(o["nesterov"], bool), "optim.nesterov", "true or false", o["nesterov"])
+    _need(not o["nesterov"] or o.get("name", "sgd") == "sgd", "optim.nesterov",
+          "false with AdamW (Nesterov momentum is SGD's)", o["nesterov"])
     _need(not o["nesterov"] or o["momentum"] > 0, "optim.nesterov",
           "false when optim.momentum is 0 (Nesterov needs momentum)", o["nesterov"])
     _choice(cfg, "optim.schedule", SCHEDULES)
@@ -176,6 +187,20 @@ def validate(cfg: dict) -> None:
     _pos_int(cfg, "diagnostics.min_values")
     _pos_int(cfg, "diagnostics.train_mode_batch", "a non-negative integer (0 = batch_per_gpu)",
              minimum=0)
+    rec = cfg.get("record", {})
+    for k in ("predictions", "decompose"):
+        v = rec.get(k, False)
+        _need(isinstance(v, bool), f"record.{k}", "true or false", v)
+    if rec.get("decompose", False):
+        _pos_int(cfg, "record.decompose_samples",
+                 "a positive integer (training images for the decomposition's PreciseBN)")
+        after = rec.get("decompose_after", 0.0)
+        _need(_is_num(after) and 0 <= after < 1, "record.decompose_after",
+              "a fraction of training in [0, 1)", after)
+        one = cfg["precise_bn"]["batch"] * world_size(cfg)
+        _need(rec["decompose_samples"] >= one, "record.decompose_samples",
+              f"at least one PreciseBN batch over all ranks ({one} images; or lower "
+              "precise_bn.batch)", rec["decompose_samples"])
     _pos_int(cfg, "precise_bn.every", "a non-negative integer (epochs between runs; 0 = never)",
              minimum=0)
     _need(isinstance(cfg["precise_bn"]["at_end"], bool), "precise_bn.at_end", "true or false",

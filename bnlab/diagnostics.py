@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from bnlab import dist
 from bnlab.data import Dataset, val_batches
+from bnlab.jitter import MISSING
 from bnlab.metrics import Meter
 from bnlab.norms import RankBatchNorm2d
 
@@ -143,16 +144,50 @@ def batch_stats_copy(model: nn.Module) -> nn.Module:
     return m
 
 
+def ghost_batch_norm(bn: RankBatchNorm2d, x: torch.Tensor, group: int) -> torch.Tensor:
+    """Train-mode BN with each run of `group` consecutive images normalized by its own
+    statistics: what `x.split(group)` through the layer one batch at a time computes, in one
+    kernel call (the groups laid side by side as channels). A last run shorter than `group`
+    (at least 2 images) is normalized on its own; running statistics are not touched."""
+    n, c, rest = x.shape[0], x.shape[1], x.shape[2:]
+    whole = n - n % group
+    out = []
+    if whole:
+        k = whole // group
+        xs = x[:whole].view(k, group, c, *rest).transpose(0, 1).reshape(group, k * c, *rest)
+        w = bn.weight.repeat(k) if bn.weight is not None else None
+        b = bn.bias.repeat(k) if bn.bias is not None else None
+        ys = F.batch_norm(xs, None, None, w, b, True, 0.0, bn.eps)
+        out.append(ys.view(group, k, c, *rest).transpose(0, 1).reshape(whole, c, *rest))
+    if n > whole:
+        out.append(F.batch_norm(x[whole:], None, None, bn.weight, bn.bias, True, 0.0, bn.eps))
+    return torch.cat(out) if len(out) > 1 else out[0]
+
+
 @torch.no_grad()
 def train_mode_accuracy(model: nn.Module, data: Dataset, val, env: dist.DistEnv,
-                        batch: int) -> dict[str, float]:
-    """Validation accuracy with BN in train mode at evaluation batch `batch` (on a copy)."""
+                        batch: int, preds: list | None = None,
+                        eval_batch: int = 256) -> dict[str, float]:
+    """Validation accuracy with BN in train mode at evaluation batch `batch` (on a copy):
+    each run of `batch` consecutive images of this rank's share normalized by its own
+    statistics, computed `eval_batch // batch` runs at a time (ghost_batch_norm). `preds`
+    collects this rank's predicted classes (MISSING for a last image left alone)."""
     m = batch_stats_copy(model)
     m.train()
+    for _, bn in _bns(m):  # a layer kept in eval mode (frozen BN) keeps its own forward
+        bn.forward = lambda x, bn=bn, own=bn.forward: \
+            ghost_batch_norm(bn, x, batch) if bn.training else own(x)
     meter = Meter(env.device)
-    for x, y in val_batches(data, val, env.device, batch, env.world, env.rank):
-        if x.shape[0] < 2:  # BN cannot normalize one image; drop a last batch of one
-            continue
-        logits = m(x)
-        meter.add(F.cross_entropy(logits, y), logits, y)
+    per = max(batch, eval_batch // batch * batch)
+    for x, y in val_batches(data, val, env.device, per, env.world, env.rank):
+        lone = x.shape[0] % batch == 1  # BN cannot normalize one image: leave it out
+        if lone:
+            x, y = x[:-1], y[:-1]
+        if x.shape[0]:
+            logits = m(x)
+            meter.add(F.cross_entropy(logits, y), logits, y)
+            if preds is not None:
+                preds.append(logits.argmax(1))
+        if lone and preds is not None:
+            preds.append(torch.full((1,), MISSING, device=x.device))
     return meter.reduce("bn/train_mode")

@@ -157,6 +157,15 @@ def broadcast_object(obj, src: int = 0):
     return box[0]
 
 
+def all_gather_object(obj) -> list:
+    """Every rank's `obj`, in rank order (a list of one without a process group)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def is_local_main() -> bool:
     return int(os.environ.get("LOCAL_RANK", 0)) == 0
 

@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 SCHEDULES = ("cosine", "step", "constant")
+OPTIMIZERS = ("sgd", "adamw")
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str, milestones, gamma: float) -> float:
@@ -23,11 +24,16 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str, milestones, gam
 
 
 def build_optimizer(cfg: dict, model: nn.Module, steps_per_epoch: int, epochs: int):
-    """Plain SGD over every parameter (as in the reports) + a per-step LambdaLR schedule."""
-    opt = torch.optim.SGD(
-        model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"],
-        weight_decay=cfg["weight_decay"], nesterov=cfg["nesterov"],
-    )
+    """Plain SGD over every parameter (as in the reports), or AdamW (`name: adamw`, beta1 =
+    `momentum`), + a per-step LambdaLR schedule."""
+    if cfg.get("name", "sgd") == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"],
+                                betas=(cfg["momentum"], 0.999), weight_decay=cfg["weight_decay"])
+    else:
+        opt = torch.optim.SGD(
+            model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"],
+            weight_decay=cfg["weight_decay"], nesterov=cfg["nesterov"],
+        )
     total = steps_per_epoch * epochs
     warmup = round(cfg["warmup_epochs"] * steps_per_epoch)
     sched = torch.optim.lr_scheduler.LambdaLR(

@@ -64,15 +64,22 @@ class _Moments:
 
     def add(self, x: torch.Tensor) -> None:
         c = self.c
-        xd = x.detach().double().transpose(0, 1).reshape(c, -1)  # (C, N*H*W)
-        n = xd.shape[1]
+        n = x.numel() // c
         if n == 0:
             return
-        mean = xd.mean(1)
-        self.t[:c] += xd.sum(1)
-        self.t[c:2 * c] += xd.pow(2).sum(1)
+        # Two passes per batch in the input's precision (its mean, then the squared deviations
+        # from it: accurate, and fast on channel-strided data), then float64 sums across
+        # batches and ranks: sum x = n * mean, sum x^2 = M2 + n * mean^2.
+        dims = (0, *range(2, x.dim()))
+        x = x.detach()
+        m = x.mean(dims, keepdim=True)
+        r = x - m
+        m2 = (r * r).sum(dims).double()
+        mean = m.reshape(c).double()
+        self.t[:c] += n * mean
+        self.t[c:2 * c] += m2 + n * mean.pow(2)
         self.t[2 * c:3 * c] += mean
-        self.t[3 * c:4 * c] += xd.var(1, unbiased=n > 1)
+        self.t[3 * c:4 * c] += m2 / (n - 1) if n > 1 else m2
         self.t[4 * c] += n
         self.t[4 * c + 1] += 1
 

@@ -129,10 +129,11 @@ def load_latest(run_dir: Path) -> dict | None:
     return ckpt
 
 
-def truncate_metrics(run_dir: Path, step: int) -> int:
-    """Keep the metrics lines written up to `step` (a torn last line goes too); returns the
-    number of lines dropped. The file is replaced atomically."""
-    path = Path(run_dir) / "metrics.jsonl"
+def truncate_metrics(run_dir: Path, step: int, name: str = "metrics.jsonl") -> int:
+    """Keep the lines of a run's log (metrics.jsonl, predictions.jsonl) written up to `step`
+    (a torn last line goes too); returns the number of lines dropped. The file is replaced
+    atomically."""
+    path = Path(run_dir) / name
     if not path.is_file():
         return 0
     keep, dropped = [], 0
@@ -146,7 +147,7 @@ def truncate_metrics(run_dir: Path, step: int) -> int:
             keep.append(line)
         else:
             dropped += 1
-    tmp = path.with_name(".metrics.jsonl.tmp")
+    tmp = path.with_name(f".{name}.tmp")
     tmp.write_text("".join(f"{ln}\n" for ln in keep))
     os.replace(tmp, path)
     return dropped

@@ -23,7 +23,7 @@ from bnlab import checkpoint, dist
 from bnlab.data import Dataset, TrainLoader, build_dataset, val_batches
 from bnlab.diagnostics import GapProbe, divergence, rank_running_stats, train_mode_accuracy
 from bnlab.errors import BnlabError
-from bnlab.metrics import Meter, MetricsLogger
+from bnlab.metrics import PREDICTIONS, Meter, MetricsLogger, PredictionLog
 from bnlab.models import build_model
 from bnlab.norms import convert_norm, set_epoch
 from bnlab.optim import build_optimizer
@@ -81,8 +81,10 @@ def train_step(model: nn.Module, micro: list, opt: torch.optim.Optimizer, meter:
 
 
 @torch.no_grad()
-def val_metrics(model: nn.Module, data: Dataset, val, env: dist.DistEnv, batch: int) -> dict:
-    """Eval-mode loss and accuracy over the whole validation set, sharded across ranks.
+def val_metrics(model: nn.Module, data: Dataset, val, env: dist.DistEnv, batch: int,
+                preds: list | None = None) -> dict:
+    """Eval-mode loss and accuracy over the whole validation set, sharded across ranks;
+    `preds` collects this rank's predicted classes.
 
     Every rank evaluates with rank 0's BN statistics (what a checkpoint keeps); its own
     buffers are put back afterwards, so evaluating never changes training.
@@ -95,6 +97,8 @@ def val_metrics(model: nn.Module, data: Dataset, val, env: dist.DistEnv, batch: 
     for x, y in val_batches(data, val, env.device, batch, env.world, env.rank):
         logits = model(x)
         meter.add(F.cross_entropy(logits, y), logits, y)
+        if preds is not None:
+            preds.append(logits.argmax(1))
     model.train(was_training)
     for b, saved in zip(model.buffers(), own, strict=False):
         b.copy_(saved)
@@ -123,24 +127,74 @@ def precise_bn_due(pb: dict, epoch: int, epochs: int) -> bool:
     return (pb["every"] > 0 and (epoch + 1) % pb["every"] == 0) or (pb["at_end"] and last)
 
 
+def precise_eval(model: nn.Module, cfg: dict, data: Dataset, val, env: dist.DistEnv, *,
+                 epoch: int, num_samples: int, augment: bool, apply: bool, key: str,
+                 preds: list | None = None) -> tuple[dict, int]:
+    """Recalibrate (in place when `apply`, else on a copy) on `num_samples` training images of
+    `epoch`'s order and evaluate the result; returns the val metrics and the images used."""
+    pb, sim = cfg["precise_bn"], cfg["dist"]["simulate"]
+    loader = TrainLoader(data, env.device, pb["batch"] * sim, env.world, env.rank, 1,
+                         cfg["seed"] + 1, augment)
+    steps = num_samples // loader.global_micro
+    if steps == 0:
+        raise BnlabError(f"{key}={num_samples} is less than one PreciseBN batch of "
+                         f"{loader.global_micro} images over all ranks; raise it or lower "
+                         "precise_bn.batch.")
+    target = model if apply else copy.deepcopy(model)
+    recalibrate(target, lambda: loader.images(epoch, steps), pb["estimator"], pb["pooling"],
+                progress=env.is_main and cfg["progress"])
+    return val_metrics(target, data, val, env, cfg["data"]["eval_batch"], preds), \
+        steps * loader.global_micro
+
+
 def run_precise_bn(model: nn.Module, cfg: dict, data: Dataset, val, env: dist.DistEnv,
                    epoch: int) -> dict:
     """Recalibrate (in place for `apply`, on a copy for `measure`) and evaluate the result."""
-    pb, sim = cfg["precise_bn"], cfg["dist"]["simulate"]
+    pb = cfg["precise_bn"]
     t0 = time.perf_counter()
-    loader = TrainLoader(data, env.device, pb["batch"] * sim, env.world, env.rank, 1,
-                         cfg["seed"] + 1, pb["augment"])
-    steps = pb["num_samples"] // loader.global_micro
-    if steps == 0:
-        raise BnlabError(f"precise_bn.num_samples={pb['num_samples']} is less than one "
-                         f"PreciseBN batch of {loader.global_micro} images over all ranks.")
-    target = model if pb["mode"] == "apply" else copy.deepcopy(model)
-    recalibrate(target, lambda: loader.images(epoch, steps), pb["estimator"], pb["pooling"],
-                progress=env.is_main and cfg["progress"])
-    res = val_metrics(target, data, val, env, cfg["data"]["eval_batch"])
+    res, n = precise_eval(model, cfg, data, val, env, epoch=epoch, num_samples=pb["num_samples"],
+                          augment=pb["augment"], apply=pb["mode"] == "apply",
+                          key="precise_bn.num_samples")
     return {"val/acc_precise": res["val/acc"], "val/loss_precise": res["val/loss"],
-            "precise_bn/samples": steps * loader.global_micro,
-            "time/precise_bn_s": time.perf_counter() - t0}
+            "precise_bn/samples": n, "time/precise_bn_s": time.perf_counter() - t0}
+
+
+def classes(parts: list[torch.Tensor], env: dist.DistEnv) -> torch.Tensor:
+    """The predicted classes of the whole test set in order, from every rank's share."""
+    mine = torch.cat(parts).to("cpu", torch.uint8) if parts else torch.zeros(0, dtype=torch.uint8)
+    return torch.cat(dist.all_gather_object(mine))
+
+
+def evaluation(model: nn.Module, cfg: dict, data: Dataset, val, env: dist.DistEnv,
+               preds: PredictionLog, step: int, epoch: float) -> dict:
+    """One evaluation: val metrics with the running statistics (EMA) and, with
+    `record.decompose` (at evaluations after `record.decompose_after` of training), the same
+    weights with (b) PreciseBN statistics of a fixed,
+    un-augmented set of training images (`decomp/..._precise`) and (c) each rank batch's own
+    statistics in train mode (`decomp/..._batch`). Each way's predictions go to `preds`."""
+    rec = cfg["record"]
+    record = rec["predictions"]  # the same on every rank: gathering is a collective
+    keep = [] if record else None
+    out = val_metrics(model, data, val, env, cfg["data"]["eval_batch"], keep)
+    ways = [("ema", keep)]
+    if rec["decompose"] and epoch > rec["decompose_after"] * cfg["epochs"] + 1e-9:
+        t0 = time.perf_counter()
+        kp = [] if record else None
+        res, n = precise_eval(model, cfg, data, val, env, epoch=0, augment=False, apply=False,
+                              num_samples=rec["decompose_samples"],
+                              key="record.decompose_samples", preds=kp)
+        kb = [] if record else None
+        tm = train_mode_accuracy(model, data, val, env, cfg["batch_per_gpu"], kb,
+                                 cfg["data"]["eval_batch"])
+        out.update({"decomp/acc_precise": res["val/acc"], "decomp/loss_precise": res["val/loss"],
+                    "decomp/acc_batch": tm["bn/train_mode/acc"],
+                    "decomp/loss_batch": tm["bn/train_mode/loss"], "decomp/samples": n,
+                    "time/decompose_s": time.perf_counter() - t0})
+        ways += [("precise", kp), ("batch", kb)]
+    if record:
+        for kind, parts in ways:
+            preds.log(step, epoch, kind, classes(parts, env))  # rank 0 writes
+    return out
 
 
 def bn_health(model: nn.Module, cfg: dict, data: Dataset, val, env: dist.DistEnv,
@@ -226,6 +280,7 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
                 "device": str(env.device), "backend": env.backend, "steps_per_epoch": spe,
                 **(meta or {})}
         if resuming:
+            truncate_metrics(run_dir, step, PREDICTIONS)
             dropped = truncate_metrics(run_dir, step)
             note_resume(run_dir, step, dropped)
             dist.print0(f"resuming {run_dir} at step {step} (epoch {epoch0 + 1}, step "
@@ -235,6 +290,7 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
         set_status(run_dir, "running", step=step)
     logger = MetricsLogger(run_dir, env.is_main, cfg, console=False,
                            wandb_cfg=cfg["logger"]["wandb"])
+    preds = PredictionLog(run_dir, env.is_main and cfg["record"]["predictions"], data.val.y)
     clock = Clock(env.device)
     images_per_step = loader.global_micro * cfg["grad_accum"]
     last, stopped, stop_step = {}, "completed", 0
@@ -283,8 +339,9 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
                         break
                 if i in evals:
                     clock.stop()
-                    last = {"step": step, "epoch": epoch + i / spe,
-                            **val_metrics(model, data, val, env, cfg["data"]["eval_batch"])}
+                    at = epoch + i / spe
+                    last = {"step": step, "epoch": at,
+                            **evaluation(model, cfg, data, val, env, preds, step, at)}
                     if diag:
                         last.update(bn_health(model, cfg, data, val, env, probe))
                     logger.log(last, echo=False)
@@ -313,6 +370,7 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
                 ckpt_at(epoch + 1, 0)
             clock.start()
     logger.close()
+    preds.close()
     if env.is_main:
         detail = {"signal": request.signum} if stopped == "preempted" else {}
         set_status(run_dir, stopped, step=stop_step or step, **detail)

@@ -73,6 +73,11 @@ BAD = [
     ("optim.schedule=linear", "optim.schedule"),
     ("optim.warmup_epochs=9", "optim.warmup_epochs"),
     ("optim.momentum=0 optim.nesterov=true", "optim.nesterov"),
+    ("optim.name=adam", "optim.name"),
+    ("optim=adamw optim.nesterov=true", "optim.nesterov"),
+    ("record.decompose=true record.decompose_samples=8", "record.decompose_samples"),
+    ("record.decompose=true record.decompose_after=1.5", "record.decompose_after"),
+    ("record.predictions=yes", "record.predictions"),
     ("dist.nproc_per_node=0", "dist.nproc_per_node"),
     ("dist.nproc_per_node=100000", "dist.nproc_per_node"),
     ("dist.backend=mpi", "dist.backend"),
@@ -91,3 +96,16 @@ def test_bad_values_are_refused_naming_the_key(override, key):
     assert msg.count("\n") == 0
 
 
+
+
+def test_adamw_is_torch_adamw_with_beta1_from_momentum():
+    import torch
+
+    from bnlab.optim import build_optimizer
+
+    cfg = compose_train(["optim=adamw", "optim.lr=0.002"])
+    validate(cfg)
+    opt, _ = build_optimizer(cfg["optim"], torch.nn.Linear(2, 2), 10, 1)
+    assert isinstance(opt, torch.optim.AdamW)
+    g = opt.param_groups[0]
+    assert (g["betas"], g["weight_decay"]) == ((0.9, 0.999), 0.05)

@@ -12,6 +12,7 @@ import torch
 from bnlab import dist
 from bnlab.diagnostics import GapProbe, at_risk, divergence, rank_running_stats
 from bnlab.diagnostics import train_mode_accuracy as tm_acc
+from bnlab.jitter import MISSING
 from bnlab.models import build_model
 from bnlab.norms import bn_value_counts, convert_norm
 from conftest import SMOKE, needs_cifar, run_dirs, run_entry
@@ -77,6 +78,33 @@ def test_train_mode_accuracy_leaves_the_model_alone():
     assert 0 <= res["bn/train_mode/acc"] <= 100
     assert not model.training
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_train_mode_accuracy_in_one_pass_equals_one_batch_at_a_time():
+    from bnlab.data import Dataset, make_synthetic, val_batches
+    from bnlab.diagnostics import batch_stats_copy
+
+    train, val = make_synthetic(num_train=16, num_val=43)
+    data = Dataset(train, val, (0.5,) * 3, (0.25,) * 3)
+    model = convert_norm(build_model("resnet20"), "bn")
+    model.train()
+    for _ in range(3):  # running statistics that differ from any batch's
+        model(torch.randn(8, 3, 32, 32) * 2 + 1)
+    env = dist.DistEnv(0, 1, 0, torch.device("cpu"), None)
+    for batch in (2, 8):  # 8: a last group of 3 (43 = 5 x 8 + 3); 2: a lone last image
+        preds = []
+        res = tm_acc(model, data, val, env, batch, preds, eval_batch=16)
+        ref, meter = batch_stats_copy(model).train(), []
+        with torch.no_grad():
+            for x, y in val_batches(data, val, env.device, batch, 1, 0):
+                if x.shape[0] > 1:
+                    meter.append((ref(x).argmax(1), y))
+        got = torch.cat(preds)
+        want = torch.cat([p for p, _ in meter])
+        assert got[: len(want)].tolist() == want.tolist()
+        assert got[len(want):].tolist() == [MISSING] * (43 - len(want))  # the lone last image
+        acc = 100 * sum(int((p == y).sum()) for p, y in meter) / len(want)
+        assert res["bn/train_mode/acc"] == pytest.approx(acc)
 
 
 def test_values_per_channel_and_risk():

@@ -22,7 +22,8 @@ from conftest import ROOT, run_entry
 
 TINY = ["model=resnet20", "data=synthetic", "data.num_train=256", "data.num_val=64", "epochs=2",
         "batch_per_gpu=8", "eval_every=2", "log_every=2", "progress=false", "dist.threads=1"]
-SIM = [*TINY, "dist.simulate=2", "checkpoint_every=4"]
+SIM = [*TINY, "dist.simulate=2", "checkpoint_every=4", "record.predictions=true",
+       "record.decompose=true", "record.decompose_samples=128"]
 TIMING = ("images_per_s",)
 
 
@@ -44,6 +45,9 @@ def assert_same_run(a: Path, b: Path) -> None:
                       strict=True):
         assert torch.equal(sa["momentum_buffer"], sb["momentum_buffer"])
     assert metrics(a) == metrics(b)  # no line lost or repeated
+    preds = (a / "predictions.jsonl").read_text()
+    assert preds.count('"kind": "batch"') == 4  # 2 epochs x 2 evaluations, decomposed
+    assert preds == (b / "predictions.jsonl").read_text()
 
 
 def start(args: list[str], run_dir: Path, log: Path) -> subprocess.Popen:

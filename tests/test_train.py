@@ -11,7 +11,8 @@ import pytest
 import torch
 import yaml
 
-from bnlab.metrics import read_jsonl
+from bnlab import jitter
+from bnlab.metrics import read_jsonl, read_predictions
 from conftest import SMOKE, needs_cifar, run_dirs, run_entry
 
 pytestmark = needs_cifar
@@ -93,14 +94,26 @@ def test_refuses_to_write_into_a_finished_run(single_run, tmp_path):
 
 
 def test_torchrun_two_ranks_make_exactly_one_run_directory(tmp_path):
-    _train(tmp_path, launcher=TORCHRUN + ["--nproc_per_node=2"])
+    _train(tmp_path, "record.predictions=true", "record.decompose=true",
+           "record.decompose_samples=128", launcher=TORCHRUN + ["--nproc_per_node=2"])
     dirs = [p for p in (tmp_path / "out").rglob("*") if p.is_dir()]
     assert len(dirs) == 2, dirs  # out/train and out/train/<stamp>: one run directory
     (d,) = run_dirs(tmp_path)
     info = json.loads((d / "run.json").read_text())
     assert info["world"] == 2 and info["launcher"] == "torchrun" and info["backend"] == "gloo"
     assert sorted(p.name for p in d.iterdir()) == [
-        "checkpoint.pt", "config.yaml", "metrics.jsonl", "run.json", "status.json"]
+        "checkpoint.pt", "config.yaml", "metrics.jsonl", "predictions.jsonl", "run.json",
+        "status.json"]
+    # Each rank's half of the test set, gathered in order: the logged accuracy again, for
+    # each way of evaluating (PreciseBN reduced across the ranks, batch statistics per rank).
+    labels, kinds = read_predictions(d / "predictions.jsonl")
+    evals = [r for r in read_jsonl(d / "metrics.jsonl") if "val/acc" in r]
+    assert len(labels) == 128 and sorted(kinds) == ["batch", "ema", "precise"]
+    for kind, key in (("ema", "val/acc"), ("precise", "decomp/acc_precise"),
+                      ("batch", "decomp/acc_batch")):
+        assert kinds[kind][1].shape == (2, 128)
+        assert list(jitter.accuracy(kinds[kind][1], labels)) == pytest.approx(
+            [r[key] for r in evals], abs=1e-9), kind
 
 
 @pytest.mark.slow  # multirun and 2-rank local launch are each covered in test_resume
@@ -158,3 +171,22 @@ def test_simulated_ranks_match_real_ranks_through_train_py(tmp_path, norm="syncb
     assert sim[0]["step"] == real[0]["step"] == 2
     for k in ("train/loss", "train/acc", "lr"):
         assert sim[0][k] == pytest.approx(real[0][k], rel=1e-5), k
+
+
+def test_recording_predictions_and_decomposing_never_change_training(single_run, tmp_path):
+    """The same run again with every evaluation recorded and decomposed: the same numbers."""
+    _train(tmp_path, "record.predictions=true", "record.decompose=true",
+           "record.decompose_samples=128")
+    (d,) = run_dirs(tmp_path)
+    plain, rec = (_deterministic(read_jsonl(x / "metrics.jsonl")) for x in (single_run, d))
+    drop = ("decomp/", "time/")
+    assert [{k: v for k, v in r.items() if not k.startswith(drop)} for r in rec] == plain
+    evals = [r for r in rec if "val/acc" in r]
+    assert len(evals) == 2 and all("decomp/acc_precise" in r and "decomp/acc_batch" in r
+                                   for r in evals)
+    labels, kinds = read_predictions(d / "predictions.jsonl")
+    assert sorted(kinds) == ["batch", "ema", "precise"]
+    for kind, key in (("ema", "val/acc"), ("precise", "decomp/acc_precise"),
+                      ("batch", "decomp/acc_batch")):
+        assert list(jitter.accuracy(kinds[kind][1], labels)) == pytest.approx(
+            [r[key] for r in evals], abs=1e-9), kind

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from bnlab.claims import (
     batch,
+    decompose,
     evalmode,
     jitter,
     losslog,
+    lrpilot,
     pitfalls,
+    plateau,
     precisebn,
     ranks,
     rankstats,
@@ -25,7 +28,8 @@ from bnlab.claims import (
 from bnlab.lab import table
 
 TABLES: dict[str, table.Table] = {m.TABLE.name: m.TABLE for m in (
-    jitter, batch, ranks, evalmode, rankstats, sync, precisebn, losslog, pitfalls)}
+    jitter, batch, ranks, evalmode, rankstats, sync, precisebn, losslog, pitfalls, lrpilot, plateau,
+    decompose)}
 
 
 def main(argv: list[str] | None = None) -> int:

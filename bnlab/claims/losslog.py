@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bnlab.errors import BnlabError
-from bnlab.lab.analysis import MIN_EVALS, step_sd
+from bnlab.jitter import MIN_EVALS, step_sd
 from bnlab.lab.figures import plt, save
 from bnlab.lab.results import Run
 from bnlab.lab.sweep import load_spec, run_dir

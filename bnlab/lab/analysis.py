@@ -1,42 +1,18 @@
-"""What the tables report about one run and about a cell's seeds, defined once.
+"""A cell's seeds summarised (mean and sd) and the line below which a run did not learn.
 
-Swing (claims C1, C3, C6, C9): half the peak-to-peak range of validation accuracy over the
-evaluations in the last 40% of training, i.e. +/- points around the middle of the range.
-A run needs at least `MIN_EVALS` evaluations in that window (evaluate several times per
-epoch). Beside it, `step_sd`: the standard deviation of successive differences of val acc
-in the same window, which a slow trend barely moves.
+The jitter measures themselves (swing, step_sd, the detrended measures, churn and the
+floors) are the library's: bnlab/jitter.py.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-WINDOW = 0.4    # the last 40% of training
-MIN_EVALS = 8   # evaluations the window must hold
 NO_LEARNING = 15.0  # final val acc (%) below which a run did not learn (chance is 10%)
-
-
-def window(epochs: list[float], accs: list[float], total_epochs: float) -> list[float]:
-    """Val acc at the evaluations in the last WINDOW of training (epoch >= 60% of total)."""
-    start = (1.0 - WINDOW) * total_epochs - 1e-9
-    return [a for e, a in zip(epochs, accs, strict=True) if e >= start]
-
-
-def swing(accs: list[float]) -> float:
-    """Half the peak-to-peak range: the "+/- points" of the claims."""
-    if len(accs) < MIN_EVALS:
-        raise ValueError(f"swing needs at least {MIN_EVALS} evaluations, got {len(accs)}")
-    return (max(accs) - min(accs)) / 2.0
-
-
-def step_sd(accs: list[float]) -> float:
-    """Standard deviation of successive differences (evaluation to evaluation)."""
-    if len(accs) < MIN_EVALS:
-        raise ValueError(f"step_sd needs at least {MIN_EVALS} evaluations, got {len(accs)}")
-    return float(np.std(np.diff(accs), ddof=1))
 
 
 def finite(x) -> bool:
@@ -63,3 +39,24 @@ class Stat:
             return "-"
         s = f"{self.mean:.{digits}f}"
         return s + (f" ± {self.std:.{digits}f}" if self.std is not None else "")
+
+
+SEPARATED = 0.05  # the p-value below which two cells' seeds are told apart
+
+
+def p_above(a: list[float], b: list[float]) -> float | None:
+    """One-sided exact permutation p-value that the seeds in `a` sit above those in `b`: the
+    share of all ways of splitting the pooled values into groups of len(a) and len(b) whose
+    difference of means is at least the observed one. With 5 seeds a side the smallest is
+    1/252; with 3, 1/20. None with fewer than 2 seeds on a side."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    pooled, n = [*a, *b], len(a)
+    total = sum(pooled)
+    observed = sum(a) / n - sum(b) / len(b)
+    hits = count = 0
+    for idx in itertools.combinations(range(len(pooled)), n):
+        s = sum(pooled[i] for i in idx)
+        hits += s / n - (total - s) / len(b) >= observed - 1e-12
+        count += 1
+    return hits / count

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import yaml
 
-from bnlab import checkpoint
+from bnlab import checkpoint, jitter
 from bnlab.errors import BnlabError
-from bnlab.lab.analysis import Stat, finite, step_sd, swing, window
+from bnlab.jitter import step_sd, swing, window
+from bnlab.lab.analysis import Stat, finite
 from bnlab.lab.sweep import FINAL, Cell, Spec, plan
-from bnlab.metrics import read_jsonl
+from bnlab.metrics import PREDICTIONS, read_jsonl, read_predictions
 from bnlab.paths import ROOT, RUNS
 from bnlab.rundir import read_status
 
@@ -36,6 +37,7 @@ class Run:
     info: dict = field(default_factory=dict)  # run.json
     wall_s: float | None = None               # sweep.json: all launches of the run
     seed: int | None = None
+    _jitter: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def read(cls, path: Path, seed: int | None = None) -> Run:
@@ -95,6 +97,55 @@ class Run:
                 "step_sd": step_sd(w), "loss": self.last("train_epoch/loss"),
                 "precise": self.last("val/acc_precise"), "train_s": self.last("time/train_s")}
 
+    @cached_property
+    def predictions(self):
+        """predictions.jsonl read back (labels, {kind: (epochs, classes)}), or None."""
+        f = self.path / PREDICTIONS
+        return read_predictions(f) if f.is_file() else None
+
+    def jitter(self, total_epochs: float, kind: str = "ema") -> dict[str, float | None]:
+        """bnlab.jitter's measures on the plateau window, for one way of evaluating: `ema`
+        (val/acc, the running statistics), `precise` or `batch` (record.decompose)."""
+        if (total_epochs, kind) not in self._jitter:
+            self._jitter[total_epochs, kind] = self._measure_jitter(total_epochs, kind)
+        return self._jitter[total_epochs, kind]
+
+    def _measure_jitter(self, total_epochs: float, kind: str) -> dict[str, float | None]:
+        acc_key, loss_key = SERIES[kind]
+        if self.diverged:
+            return {}
+        ep, accs = self.series(acc_key)
+        w = jitter.plateau(ep, accs, total_epochs)
+        if len(w) < jitter.MIN_EVALS:
+            return {}
+        lep, losses = self.series(loss_key)
+        lw = jitter.plateau(lep, losses, total_epochs)
+        slope, _ = jitter.trend(w)
+        out = {"plateau_acc": float(sum(w) / len(w)), "swing": jitter.swing(w),
+               "residual_sd": jitter.residual_sd(w), "vn_sd": jitter.von_neumann_sd(w),
+               "slope": slope * len(w) / (total_epochs * (1 - jitter.PLATEAU)),  # per epoch
+               "loss_jitter": jitter.loss_jitter(lw) if len(lw) >= jitter.MIN_EVALS else None,
+               "n_evals": len(w), "final": accs[-1]}
+        pred = self.predictions
+        if pred is not None and kind in pred[1]:
+            labels, (pep, classes) = pred[0], pred[1][kind]
+            keep = [i for i, e in enumerate(pep) if e > jitter.PLATEAU * total_epochs + 1e-9]
+            p = classes[keep]
+            if len(p) < 2:
+                return out
+            seen = int((p != jitter.MISSING).all(0).sum())  # images with every prediction
+            flips = jitter.flip_share(p, labels)
+            floor = jitter.churn_floor(flips, seen)
+            out.update({"churn": jitter.churn(p), "flips": flips, "churn_floor": floor,
+                        "over_floor": out["vn_sd"] / floor if floor > 0 else None,
+                        "binomial_floor": jitter.binomial_floor(out["plateau_acc"], seen)})
+        return out
+
+
+# The val-acc and val-loss keys of each way of evaluating (bnlab.trainer.evaluation).
+SERIES = {"ema": ("val/acc", "val/loss"), "precise": ("decomp/acc_precise", "decomp/loss_precise"),
+          "batch": ("decomp/acc_batch", "decomp/loss_batch")}
+
 
 # The issue's affordability rule for the training-dynamics tables, on the 2-core machine with
 # the sweep's default of 2 runs side by side.
@@ -147,6 +198,14 @@ class CellResult:
 
     def stat(self, key: str) -> Stat:
         return Stat.of([r.metrics(self.epochs).get(key) for r in self.runs])
+
+    def jitter_values(self, key: str, kind: str = "ema") -> list[float]:
+        """A jitter measure (Run.jitter) of each seed that has it."""
+        vals = [r.jitter(self.epochs, kind).get(key) for r in self.runs]
+        return [v for v in vals if finite(v)]
+
+    def jstat(self, key: str, kind: str = "ema") -> Stat:
+        return Stat.of(self.jitter_values(key, kind))
 
     def paired(self, key: str, base: str) -> list[float]:
         """`key - base` in each run that logged both (the same run's weights: a paired

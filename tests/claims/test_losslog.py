@@ -8,7 +8,7 @@ import pytest
 
 from bnlab.claims import losslog
 from bnlab.errors import BnlabError
-from bnlab.lab.analysis import step_sd
+from bnlab.jitter import step_sd
 from bnlab.lab.sweep import load_spec
 from bnlab.paths import ROOT
 

@@ -1,0 +1,193 @@
+"""`make table-decompose`: why BN jitters. The same weights evaluated three ways at every
+evaluation, and the jitter split into the weights' part and the statistics' part.
+
+    python -m bnlab.claims decompose --data DIR --jobs 2   # sweep (shared with plateau), table
+    python -m bnlab.claims decompose --report              # table from the runs' logs only
+
+Trains experiments/decompose/sweep.yaml: resnet20 bn and syncbn at 4 ranks x 2 images on the
+headline protocol (the same runs as table-plateau's resnet20 bn and syncbn cells) with
+`record.decompose=true`: at each evaluation the weights are evaluated with (a) the running
+(EMA) statistics, (b) PreciseBN statistics of a fixed, un-augmented set of 2,048 training
+images (pooled, bnlab.precise_bn) and (c) train-mode batch statistics at the rank batch of 2.
+On the plateau, the detrended variance of (a) is split (bnlab.jitter.variance_split) into the
+variance of (b), which only the weights move, the variance of (a - b), what the running
+statistics add, and their covariance. Writes experiments/decompose/{table.md, decompose.png}.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from bnlab import jitter
+from bnlab.lab import table
+from bnlab.lab.analysis import Stat
+from bnlab.lab.figures import legend, plt, save
+from bnlab.lab.results import SERIES, CellResult, Run
+from bnlab.lab.table import RunsData, Verdict
+
+WAYS = {"ema": "(a) running (EMA) statistics", "precise": "(b) PreciseBN statistics",
+        "batch": "(c) batch statistics, 2 images"}
+PARTS = ("weights", "statistics", "covariance")
+
+
+def split(run: Run, total_epochs: float) -> dict[str, float] | None:
+    """The detrended variance of val acc on the plateau, split (None without the series)."""
+    if run.diverged:
+        return None
+    rows = [r for r in run.rows if r.get("val/acc") is not None
+            and r.get("decomp/acc_precise") is not None
+            and r["epoch"] > jitter.PLATEAU * total_epochs + 1e-9]
+    if len(rows) < jitter.MIN_EVALS:
+        return None
+    return jitter.variance_split([r["val/acc"] for r in rows],
+                                 [r["decomp/acc_precise"] for r in rows])
+
+
+def epoch_end_gain(run: Run, total_epochs: float) -> float | None:
+    """C8's paired gain of one run: PreciseBN statistics minus the running statistics on the
+    same weights, val acc points, averaged over the epoch ends of the plateau."""
+    if run.diverged:
+        return None
+    gains = [r["decomp/acc_precise"] - r["val/acc"] for r in run.rows
+             if r.get("decomp/acc_precise") is not None and r.get("val/acc") is not None
+             and r["epoch"] > jitter.PLATEAU * total_epochs + 1e-9
+             and abs(r["epoch"] - round(r["epoch"])) < 1e-9]
+    return float(np.mean(gains)) if gains else None
+
+
+def gains(c: CellResult | None) -> list[float]:
+    if c is None:
+        return []
+    return [g for g in (epoch_end_gain(r, c.epochs) for r in c.runs) if g is not None]
+
+
+def split_stat(c: CellResult, part: str, share: bool = False) -> Stat:
+    out = []
+    for r in c.runs:
+        s = split(r, c.epochs)
+        if s is not None and not (share and s["total"] <= 0):
+            out.append(100 * s[part] / s["total"] if share else s[part])
+    return Stat.of(out)
+
+
+def render(d: RunsData) -> str:
+    rows = []
+    for c in d.cells:
+        for kind, name in WAYS.items():
+            rows.append([c.cell.label, name, c.seeds_note(), c.jstat("plateau_acc", kind).fmt(),
+                         c.jstat("vn_sd", kind).fmt(2), c.jstat("residual_sd", kind).fmt(2),
+                         c.jstat("churn_floor", kind).fmt(2), c.jstat("churn", kind).fmt(1),
+                         c.jstat("loss_jitter", kind).fmt(3)])
+    parts = []
+    for c in d.cells:
+        parts.append([c.cell.label, split_stat(c, "total").fmt(2),
+                      *(f"{split_stat(c, p).fmt(2)} ({split_stat(c, p, True).fmt(0)}%)"
+                        for p in PARTS),
+                      c.jstat("churn_floor").fmt(2)])
+    return table.runs_page(d, "\n".join([
+        "## Val acc on the plateau, the same weights evaluated three ways", "",
+        table.md_table(["cell", "evaluated with", "seeds", "plateau val acc (%)",
+                        "von Neumann sd (pts)", "residual sd (pts)", "churn floor (pts)",
+                        "churn (%)", "log val-loss jitter"], rows), "",
+        "## The detrended variance of (a), split", "",
+        table.md_table(["cell", "total (pts²)", "weights: var of (b)",
+                        "statistics: var of (a) - (b)", "2 cov", "churn floor of (a) (pts)"],
+                       parts), "",
+        findings(d), "",
+        "Residuals around each series' own fitted line on the plateau (the second half of "
+        "training), so the three parts add up to the total (bnlab.jitter.variance_split); the "
+        "shares are each seed's, then averaged. The churn floor is the jitter that prediction "
+        "flips alone give when the quality does not change (bnlab/jitter.py); a part whose sd "
+        "is near it is within the test set's resolution. Mean ± sd over seeds.", ""]))
+
+
+def findings(d: RunsData) -> str:
+    """What the split says, in a sentence per cell, from the numbers above."""
+    out = []
+    for c in d.cells:
+        s, w = split_stat(c, "statistics", True), split_stat(c, "weights", True)
+        if s.mean is None:
+            continue
+        out.append(f"- {c.cell.label}: the running statistics account for {s.mean:.0f}% of the "
+                   f"detrended variance of val acc and the weights for {w.mean:.0f}% (n = "
+                   f"{s.n}); (b)'s jitter {c.jstat('vn_sd', 'precise').fmt(2)} against the "
+                   f"churn floor {c.jstat('churn_floor', 'precise').fmt(2)} points.")
+    return "\n".join(out) or "No run has finished yet."
+
+
+def plot(d: RunsData, path: Path) -> None:
+    fig, axes = plt.subplots(1, len(d.cells) + 1, figsize=(6 * (len(d.cells) + 1), 4.6),
+                             squeeze=False)
+    for ax, c in zip(axes[0], d.cells, strict=False):
+        r = next((r for r in c.runs if not r.diverged), None)
+        if r is None:
+            continue
+        for kind, name in WAYS.items():
+            ax.plot(*r.series(SERIES[kind][0]), lw=1, label=name)
+        ax.axvline(jitter.PLATEAU * c.epochs, color="grey", ls=":", lw=1)
+        ax.set(title=f"{c.cell.label}, seed {r.seed}: the same weights three ways",
+               xlabel="epoch", ylabel="val accuracy (%)")
+        ax.grid(alpha=0.3)
+        legend(ax, 8)
+    ax = axes[0][-1]
+    x = np.arange(len(d.cells))
+    bottom = np.zeros(len(d.cells))
+    for i, part in enumerate(PARTS):
+        h = np.array([split_stat(c, part).mean or 0.0 for c in d.cells])
+        ax.bar(x, h, bottom=np.where(h >= 0, bottom, 0), color=f"C{i}", label=part)
+        bottom += np.maximum(h, 0)
+    ax.set_xticks(x, [c.cell.label for c in d.cells])
+    ax.set(title="detrended variance of (a) on the plateau (mean over seeds)",
+           ylabel="points²")
+    ax.grid(alpha=0.3, axis="y")
+    legend(ax, 8)
+    save(fig, path, "Statistics or weights? resnet20, 4 ranks x 2 images")
+
+
+# ----------------------------------------------------------------------------------------
+# C8 on the headline protocol (the rule written before these runs finished)
+
+MIN_SEEDS = 3
+
+
+def c8_cell(c: CellResult | None) -> tuple[str, str]:
+    """One cell's outcome: reproduced if PreciseBN gains 1+ point on average and in every seed;
+    partly if it gains on average and in most seeds; else not reproduced."""
+    g = gains(c)
+    if c is None or len(g) < MIN_SEEDS:
+        return "not run yet", f"{c.cell.label if c else '?'}: fewer than {MIN_SEEDS} seeds"
+    s, up = Stat.of(g), sum(x > 0 for x in g)
+    text = (f"{c.cell.label}: {s.mean:+.2f} ± {s.std:.2f} points, up in {up} of {len(g)} seeds "
+            f"({', '.join(f'{x:+.2f}' for x in g)})")
+    if s.mean >= 1 and up == len(g):
+        return "reproduced", text
+    if s.mean > 0 and up > len(g) / 2:
+        return "partly", text
+    return "not reproduced", text
+
+
+def c8(d: RunsData) -> Verdict:
+    out = {c.cell.label: c8_cell(c) for c in d.cells}
+    got = [o for o, _ in out.values() if o != "not run yet"]
+    v = "not run yet" if len(got) < len(out) else "reproduced" if all(
+        o == "reproduced" for o in got) else "partly" if any(
+        o in ("reproduced", "partly") for o in got) else "not reproduced"
+    return Verdict("C8", "make table-decompose", "PreciseBN improves val acc",
+                   "gain of PreciseBN statistics over the running ones on the same weights, at "
+                   "each epoch end of the plateau (mean per seed): " +
+                   "; ".join(t for _, t in out.values()), v,
+                   f"Per cell: {', '.join(f'{k} {o}' for k, (o, _) in out.items())}. Rule "
+                   "(per cell, resnet20 bn and syncbn at 4x2, paired on each seed's own "
+                   "weights): reproduced if +1 point or more on average and up in every seed; "
+                   "partly if up on average and in most seeds; the claim is reproduced if both "
+                   "cells reproduce it, partly if one does or either is partly.")
+
+
+def verdicts(d: RunsData) -> list[Verdict]:
+    return [c8(d)]  # the mechanism itself is measured, not ruled; C1 and C6: table-plateau
+
+
+TABLE = table.Table("decompose", ("C8",), table.runs_data, render, verdicts, plot,
+                    block="plateau")
