@@ -97,7 +97,8 @@ def render(d: RunsData) -> str:
                         "why"], rows), "",
         "The rate each model's headline runs use (experiments/plateau, experiments/decompose):",
         "", *picks, "",
-        f"Rule (bnlab/claims/lrpilot.py, committed before these runs): stable = did not "
+        "Rule (bnlab/claims/lrpilot.py, written before these runs; it landed in commit 1fc01e2, "
+        "after the 8 SGD runs: experiments/README.md): stable = did not "
         f"diverge, training loss lowest in the last epoch, final val acc >= {STABLE_ACC:g}%; "
         "the largest stable rate is used. One seed and 5 epochs: a pilot, not a result.", ""]))
 

@@ -10,7 +10,8 @@ experiments/lrpilot chose for each model), 20 epochs evaluated 10 times each, ev
 evaluation's predictions kept (configs/experiment/plateau.yaml). Writes
 experiments/plateau/{table.md, plateau.png}. The measures are bnlab/jitter.py's.
 
-The rules below were written and committed before these runs. Each is applied to each model
+The rules below were written before these runs and landed in commit 1fc01e2
+(experiments/README.md says which runs had finished by then). Each is applied to each model
 and the claim's verdict combines them (COMBINE). The measure ruled on is the von Neumann sd of
 val acc on the plateau (the second half of training): one evaluation's noise, blind to the
 trend. Two cells differ only where their seeds separate: an exact one-sided permutation test
