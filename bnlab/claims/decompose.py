@@ -108,12 +108,14 @@ def findings(d: RunsData) -> str:
     out = []
     for c in d.cells:
         s, w = split_stat(c, "statistics", True), split_stat(c, "weights", True)
+        cov = split_stat(c, "covariance", True)
         if s.mean is None:
             continue
-        out.append(f"- {c.cell.label}: the running statistics account for {s.mean:.0f}% of the "
-                   f"detrended variance of val acc and the weights for {w.mean:.0f}% (n = "
-                   f"{s.n}); (b)'s jitter {c.jstat('vn_sd', 'precise').fmt(2)} against the "
-                   f"churn floor {c.jstat('churn_floor', 'precise').fmt(2)} points.")
+        out.append(f"- {c.cell.label}: of the detrended variance of val acc, the running "
+                   f"statistics' part is {s.mean:.0f}%, the weights' {w.mean:.0f}% and twice "
+                   f"their covariance {cov.mean:+.0f}% (n = {s.n}); (b)'s jitter "
+                   f"{c.jstat('vn_sd', 'precise').fmt(2)} against its churn floor "
+                   f"{c.jstat('churn_floor', 'precise').fmt(2)} points.")
     return "\n".join(out) or "No run has finished yet."
 
 
@@ -156,8 +158,11 @@ def c8_cell(c: CellResult | None) -> tuple[str, str]:
     """One cell's outcome: reproduced if PreciseBN gains 1+ point on average and in every seed;
     partly if it gains on average and in most seeds; else not reproduced."""
     g = gains(c)
-    if c is None or len(g) < MIN_SEEDS:
+    if c is None or len(c.runs) < MIN_SEEDS:
         return "not run yet", f"{c.cell.label if c else '?'}: fewer than {MIN_SEEDS} seeds"
+    if len(g) < MIN_SEEDS:  # added after 1fc01e2, before any run diverged
+        return "untestable", (f"{c.cell.label}: fewer than {MIN_SEEDS} seeds left after "
+                              f"divergence ({c.diverged} of {len(c.runs)} diverged)")
     s, up = Stat.of(g), sum(x > 0 for x in g)
     text = (f"{c.cell.label}: {s.mean:+.2f} ± {s.std:.2f} points, up in {up} of {len(g)} seeds "
             f"({', '.join(f'{x:+.2f}' for x in g)})")
@@ -170,8 +175,9 @@ def c8_cell(c: CellResult | None) -> tuple[str, str]:
 
 def c8(d: RunsData) -> Verdict:
     out = {c.cell.label: c8_cell(c) for c in d.cells}
-    got = [o for o, _ in out.values() if o != "not run yet"]
-    v = "not run yet" if len(got) < len(out) else "reproduced" if all(
+    got = [o for o, _ in out.values() if o not in ("not run yet", "untestable")]
+    v = "not run yet" if any(o == "not run yet" for o, _ in out.values()) else \
+        "untestable" if not got else "reproduced" if all(
         o == "reproduced" for o in got) else "partly" if any(
         o in ("reproduced", "partly") for o in got) else "not reproduced"
     return Verdict("C8", "make table-decompose", "PreciseBN improves val acc",
@@ -182,7 +188,9 @@ def c8(d: RunsData) -> Verdict:
                    "(per cell, resnet20 bn and syncbn at 4x2, paired on each seed's own "
                    "weights): reproduced if +1 point or more on average and up in every seed; "
                    "partly if up on average and in most seeds; the claim is reproduced if both "
-                   "cells reproduce it, partly if one does or either is partly.")
+                   "cells reproduce it, partly if one does or either is partly; a cell with "
+                   f"fewer than {MIN_SEEDS} seeds left after divergence is untestable and left "
+                   "out (added after 1fc01e2, before any run diverged).")
 
 
 def verdicts(d: RunsData) -> list[Verdict]:

@@ -107,7 +107,10 @@ def test_decompose_splits_the_running_statistics_from_the_weights(tmp_path):
         1, rel=0.35)
     cell = CellResult(Cell("resnet20 bn", [], [0], cfg={"epochs": EPOCHS}), [run], 1)
     text = decompose.findings(RunsData(None, [cell], "t", tmp_path, tmp_path))
-    assert "running statistics account for" in text
+    shares = [s[k] / s["total"] * 100 for k in ("statistics", "weights", "covariance")]
+    assert sum(shares) == pytest.approx(100)  # the three parts add up to the whole
+    assert (f"statistics' part is {shares[0]:.0f}%, the weights' {shares[1]:.0f}% and twice "
+            f"their covariance {shares[2]:+.0f}%") in text
 
 
 def pilot_run(tmp_path, name, losses, acc, status="completed"):
@@ -181,6 +184,11 @@ def test_c8_on_the_headline_protocol_is_paired_at_epoch_ends(tmp_path):
     v = decompose.c8(d)
     assert v.verdict == "partly"  # bn gains 2 (reproduced), syncbn 0.5 (partly)
     assert "resnet20 bn reproduced, resnet20 syncbn partly" in v.why
+    for r in cells[1].runs[1:]:  # two of syncbn's three seeds diverged: syncbn is left out
+        r.status = "diverged"
+    v = decompose.c8(d)
+    assert v.verdict == "reproduced" and "resnet20 syncbn untestable" in v.why
+    assert "2 of 3 diverged" in v.ours
 
 
 def variant_cells(tmp_path, noise: dict[str, float]) -> list[CellResult]:
@@ -207,3 +215,76 @@ def test_c4_is_ruled_only_where_c1_holds(tmp_path):
     flat.cells += variant_cells(tmp_path / "flat", {"bn": 4.0, "syncbn": 1.0})
     v = plateau.c4(flat)
     assert v.verdict == "untestable" and "no effect to survive" in v.why
+
+
+def coin_run(d, accs, seed: int):
+    """Like fake_run, but each evaluation's right answers are a fresh random set of acc% of
+    the images: every flip is a fair coin, so the jitter sits at the churn floor."""
+    fake_run(d, accs)
+    rng = np.random.default_rng(seed)
+    lines = (d / PREDICTIONS).read_text().splitlines()
+    out = [lines[0]]
+    for line, a in zip(lines[1:], accs, strict=True):
+        row = json.loads(line)
+        right = rng.permutation(N) < round(a * N / 100)
+        row["pred"] = encode_classes((~right).astype(np.uint8))
+        out.append(json.dumps(row))
+    (d / PREDICTIONS).write_text("\n".join(out) + "\n")
+
+
+def test_c1_is_partly_where_bn_is_separated_but_within_the_churn_floor(tmp_path):
+    cells = []
+    for norm, noise in (("bn", 2.0), ("syncbn", 0.5)):
+        runs = []
+        for s in range(5):
+            d = tmp_path / norm / f"seed{s}"
+            coin_run(d, curve(10 * s + len(cells), noise), seed=s)
+            runs.append(Run.read(d, s))
+        cell = Cell(f"resnet20 {norm}", [], list(range(5)),
+                    cfg={"epochs": EPOCHS, "optim": {"lr": 0.1}},
+                    meta={"model": "resnet20", "norm": norm})
+        cells.append(CellResult(cell, runs, 5))
+    d = RunsData(None, cells, "t", tmp_path, tmp_path)
+    bn = plateau.cell(d, "resnet20", "bn")
+    # coin flips of ~half the images: floor sqrt(f / 2N) with f about 2a(1 - a)
+    assert 1.4 < np.mean(plateau.vals(bn, "churn_floor")) < 1.7
+    assert np.mean(plateau.vals(bn, "over_floor")) < plateau.FLOOR_RATIO
+    outcome, text = plateau.c1_model(d, "resnet20")
+    assert outcome == "partly", text  # separated and 4x, but bn within 1.5x its floor
+
+
+def chosen(monkeypatch, d, values: dict[str, dict[str, list[float]]]):
+    """Give each cell (by norm) chosen per-seed values of the measures the rules read."""
+    def vals(c, key=plateau.MEASURE):
+        return [] if c is None else values[c.cell.meta["norm"]].get(key, [])
+    monkeypatch.setattr(plateau, "vals", vals)
+
+
+def test_c1_is_untestable_where_bn_does_not_learn_and_says_what_the_old_rule_gives(
+        tmp_path, monkeypatch):
+    d = data(tmp_path, {"bn": 4.0, "syncbn": 1.0, "gn": 1.0, "frozen_bn": 1.0}, seeds=3)
+    chosen(monkeypatch, d, {
+        "bn": {"vn_sd": [4.0, 4.2, 3.9], "plateau_acc": [12.0, 13.0, 11.0],
+               "over_floor": [3.0, 3.0, 3.0]},
+        "syncbn": {"vn_sd": [1.0, 1.1, 0.9], "plateau_acc": [40.0, 41.0, 39.0]}})
+    outcome, text = plateau.c1_model(d, "resnet20")
+    assert outcome == "untestable"
+    assert "bn does not learn" in text and "checked only syncbn, gives reproduced" in text
+
+
+def test_c9_needs_gn_near_the_lowest_jitter_and_says_what_the_old_rule_gives(
+        tmp_path, monkeypatch):
+    d = data(tmp_path, {"bn": 4.0, "syncbn": 1.0, "gn": 1.0, "frozen_bn": 1.0})
+    acc = {"plateau_acc": [40.0] * 5}
+    low = [1.0, 1.45, 1.1, 1.2, 0.9]  # mean 1.13
+    values = {"bn": {"vn_sd": [4.0, 4.1, 3.9, 4.2, 4.0], **acc},
+              "syncbn": {"vn_sd": low, **acc}, "frozen_bn": {"vn_sd": low, **acc},
+              "gn": {"vn_sd": [1.5, 1.0, 1.6, 1.2, 1.4], **acc}}  # mean 1.34: 1.19x
+    chosen(monkeypatch, d, values)
+    outcome, text = plateau.c9_model(d, "resnet20")
+    assert outcome == "partly", text  # close, and not separated above, but over 1.1x
+    assert "the rule of 1fc01e2 gives reproduced" in text
+    values["gn"]["vn_sd"] = [1.0, 1.2, 1.1, 1.15, 1.0]  # mean 1.09: the steadiest
+    values["gn"]["plateau_acc"] = [47.0] * 5  # 7 points above syncbn: not "close"
+    outcome, text = plateau.c9_model(d, "resnet20")
+    assert outcome == "partly" and "gives reproduced" in text  # the old rule: one-sided
