@@ -190,3 +190,25 @@ def test_recording_predictions_and_decomposing_never_change_training(single_run,
                       ("batch", "decomp/acc_batch")):
         assert list(jitter.accuracy(kinds[kind][1], labels)) == pytest.approx(
             [r[key] for r in evals], abs=1e-9), kind
+
+
+def test_decomposing_simulated_syncbn_ranks_never_changes_training(tmp_path):
+    """The headline setting (simulated ranks, SyncBN, 2 images per rank, constant rate) on
+    generated data: recording and decomposing every evaluation leave the run's numbers and
+    final weights as they were."""
+    setting = ["model=resnet20", "data=synthetic", "data.num_train=96", "data.num_val=40",
+               "epochs=1", "batch_per_gpu=2", "dist.simulate=2", "norm=syncbn", "eval_every=3",
+               "log_every=4", "optim.schedule=constant", "progress=false"]
+    dirs = {}
+    for sub, extra in (("plain", []), ("rec", ["record.predictions=true", "record.decompose=true",
+                                               "record.decompose_samples=64"])):
+        r = run_entry("train.py", *setting, f"output_dir={tmp_path / sub}", *extra, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        (dirs[sub],) = run_dirs(tmp_path / sub)
+    plain, rec = (_deterministic(read_jsonl(dirs[k] / "metrics.jsonl")) for k in ("plain", "rec"))
+    assert sum("decomp/acc_batch" in r for r in rec) == 3
+    drop = ("decomp/", "time/")
+    assert [{k: v for k, v in r.items() if not k.startswith(drop)} for r in rec] == plain
+    a, b = (torch.load(dirs[k] / "checkpoint.pt", weights_only=True)["model"]
+            for k in ("plain", "rec"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
