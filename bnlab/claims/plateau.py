@@ -221,14 +221,22 @@ def c1_model(d: RunsData, model: str) -> tuple[str, str]:
     return v, text + (" (indistinguishable)" if v == "not reproduced" else "")
 
 
+def per_model(d: RunsData, claim: str, claimed: str, outcome, rule: str) -> Verdict:
+    """A claim ruled on each model by `outcome` (d, model) -> (outcome, text), combined by
+    COMBINE; `rule` is the rule's text."""
+    out = {m: outcome(d, m) for m in MODELS}
+    return Verdict(claim, "make table-plateau", claimed, "; ".join(t for _, t in out.values()),
+                   combine({m: o for m, (o, _) in out.items()}),
+                   f"Per model: {', '.join(f'{m} {o}' for m, (o, _) in out.items())}. Rule: "
+                   + rule)
+
+
 def c1(d: RunsData) -> Verdict:
-    out = {m: c1_model(d, m) for m in MODELS}
-    v = combine({m: o for m, (o, _) in out.items()})
-    return Verdict("C1", "make table-plateau", "bn ±10, syncbn ±2", "; ".join(
-        t for _, t in out.values()), v,
-        f"Per model: {', '.join(f'{m} {o}' for m, (o, _) in out.items())}. Rule: bn's "
-        f"plateau jitter (von Neumann sd) separated above syncbn's (p <= {SEPARATED}) and >= 2x "
-        f"it, with bn >= {FLOOR_RATIO}x its churn floor: reproduced; separated, but under 2x "
+    return per_model(
+        d, "C1", "bn ±10, syncbn ±2", c1_model,
+        "bn's plateau jitter (von Neumann sd) separated above syncbn's (p <= "
+        f"{SEPARATED}) and >= 2x it, with bn >= {FLOOR_RATIO}x its churn floor: reproduced; "
+        "separated, but under 2x "
         "or under that floor: partly; not separated: not reproduced (indistinguishable); bn "
         f"or syncbn below {NO_LEARNING + 5:g}% on the plateau: untestable. " + COMBINE +
         f" Changed after {LANDED}, with only seed 0 of resnet20 seen: a bn cell that does not "
@@ -252,12 +260,8 @@ def c6_model(d: RunsData, model: str) -> tuple[str, str]:
 
 
 def c6(d: RunsData) -> Verdict:
-    out = {m: c6_model(d, m) for m in MODELS}
-    return Verdict("C6", "make table-plateau", "frozen BN much steadier",
-                   "; ".join(t for _, t in out.values()),
-                   combine({m: o for m, (o, _) in out.items()}),
-                   f"Per model: {', '.join(f'{m} {o}' for m, (o, _) in out.items())}. Rule: "
-                   f"bn's jitter separated above frozen BN's (p <= {SEPARATED}) and frozen at "
+    return per_model(d, "C6", "frozen BN much steadier", c6_model,
+                     f"bn's jitter separated above frozen BN's (p <= {SEPARATED}) and frozen at "
                    "most half of it: reproduced; separated: partly; else not reproduced; frozen "
                    f"BN below {NO_LEARNING + 5:g}% on the plateau: untestable. " + COMBINE)
 
@@ -291,12 +295,8 @@ def c9_model(d: RunsData, model: str) -> tuple[str, str]:
 
 
 def c9(d: RunsData) -> Verdict:
-    out = {m: c9_model(d, m) for m in MODELS}
-    return Verdict("C9", "make table-plateau", "GN steadiest, close to SyncBN",
-                   "; ".join(t for _, t in out.values()),
-                   combine({m: o for m, (o, _) in out.items()}),
-                   f"Per model: {', '.join(f'{m} {o}' for m, (o, _) in out.items())}. Rule: "
-                   f"steadiest = gn's jitter not separated above any other cell's, separated "
+    return per_model(d, "C9", "GN steadiest, close to SyncBN", c9_model,
+                     f"steadiest = gn's jitter not separated above any other cell's, separated "
                    f"below bn's (p <= {SEPARATED}) and on average at most {STEADIEST}x the "
                    "lowest other cell's; close = plateau val acc within 5 points of syncbn's, "
                    f"either way; both: reproduced, one: partly; gn below {NO_LEARNING + 5:g}% "
