@@ -198,4 +198,4 @@ def verdicts(d: RunsData) -> list[Verdict]:
 
 
 TABLE = table.Table("decompose", ("C8",), table.runs_data, render, verdicts, plot,
-                    block="plateau")
+                    block="plateau", headline="decompose.png")

@@ -344,4 +344,4 @@ def verdicts(d: RunsData) -> list[Verdict]:
 
 
 TABLE = table.Table("plateau", ("C1", "C4", "C6", "C9"), table.runs_data, render, verdicts,
-                    plot, block="plateau")
+                    plot, block="plateau", headline="plateau.png")

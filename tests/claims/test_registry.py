@@ -48,3 +48,15 @@ def test_the_report_rebuilds_the_committed_tables_plots_and_verdicts(tmp_path):
                           if f.suffix in (".md", ".png") and "runs" not in f.parts)
     for rel in made:
         assert (out / rel).read_bytes() == (EXPERIMENTS / rel).read_bytes(), rel
+
+
+def test_the_readme_opens_with_the_headline_verdicts_of_experiments_readme():
+    """README.md's headline block holds the same claims and verdicts as the headline block
+    of experiments/README.md (both written by `make report`)."""
+    def verdicts(path, marker):
+        block = path.read_text().split(f"<!-- {marker}:begin -->")[1].split(
+            f"<!-- {marker}:end -->")[0]
+        return re.findall(r"^\| (C\d+) \|.*\*\*([^*]+)\*\* \|", block, flags=re.M)
+
+    top = verdicts(ROOT / "README.md", "headline")
+    assert top and top == verdicts(EXPERIMENTS / "README.md", "plateau")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bnlab.lab.table import Context, Table, Verdict, main
+from bnlab.lab.table import Context, Table, Verdict, main, write_headline
 from bnlab.rundir import read_status
 
 
@@ -68,3 +68,20 @@ def test_bad_input_is_one_sentence_and_writes_nothing(tmp_path, capsys):
     assert main({"tiny": table}, ["tiny", "--jobs", "0", "--experiments", str(exp)]) == 2
     assert capsys.readouterr().err == "bnlab: error: --jobs=0 must be at least 1.\n"
     assert not exp.exists()
+
+
+def test_the_headline_block_opens_the_readme_and_is_replaced_in_place(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# p\n\n<!-- headline:begin -->\nold\n<!-- headline:end -->\n\n## Rest\n")
+    vs = [Verdict("C1", "make table-x", "bn ±10", "bn 3.5, syncbn 4.3", "not reproduced",
+                        "why"), Verdict("C6", "make table-x", "frozen", "-", "not run yet",
+                                              "")]
+    write_headline(readme, ["experiments/x/x.png"], vs, "**Preliminary:** 2 of 4. ")
+    text = readme.read_text()
+    assert "old" not in text and text.startswith("# p\n") and text.endswith("## Rest\n")
+    assert "![x](experiments/x/x.png)" in text and "**Preliminary:** 2 of 4." in text
+    assert "| C1 | bn ±10 | bn 3.5, syncbn 4.3 | **not reproduced (preliminary)** |" in text
+    assert "| C6 | frozen | - | **not run yet** |" in text  # nothing to mark
+    write_headline(readme, ["experiments/x/x.png"], vs[:1], "")
+    assert readme.read_text().count("headline:begin") == 1 and "C6" not in readme.read_text()
+    assert "| C1 | bn ±10 | bn 3.5, syncbn 4.3 | **not reproduced** |" in readme.read_text()
