@@ -161,8 +161,9 @@ def c8_cell(c: CellResult | None) -> tuple[str, str]:
     if c is None or len(c.runs) < MIN_SEEDS:
         return "not run yet", f"{c.cell.label if c else '?'}: fewer than {MIN_SEEDS} seeds"
     if len(g) < MIN_SEEDS:  # added after 1fc01e2, before any run diverged
-        return "untestable", (f"{c.cell.label}: fewer than {MIN_SEEDS} seeds left after "
-                              f"divergence ({c.diverged} of {len(c.runs)} diverged)")
+        return "untestable", (f"{c.cell.label}: {len(g)} of {len(c.runs)} finished seeds have "
+                              f"a gain ({c.diverged} diverged; the rest lack epoch-end "
+                              f"decompositions); the rule of 1fc01e2 gives not run yet")
     s, up = Stat.of(g), sum(x > 0 for x in g)
     text = (f"{c.cell.label}: {s.mean:+.2f} ± {s.std:.2f} points, up in {up} of {len(g)} seeds "
             f"({', '.join(f'{x:+.2f}' for x in g)})")

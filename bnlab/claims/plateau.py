@@ -198,9 +198,16 @@ def combine(outcomes: dict[str, str]) -> str:
 
 
 def c1_model(d: RunsData, model: str) -> tuple[str, str]:
+    outcome, _, text = c1_both(d, model)
+    return outcome, text
+
+
+def c1_both(d: RunsData, model: str) -> tuple[str, str, str]:
+    """C1 on one model: (outcome, the outcome by the rule of LANDED, text)."""
     bn, sb = cell(d, model, "bn"), cell(d, model, "syncbn")
     if why := status(bn, sb):
-        return wait(model, why, bn, sb)
+        o, t = wait(model, why, bn, sb)
+        return o, o, t
     a, b = vals(bn), vals(sb)
     ratio, p = mean(a) / max(mean(b), 1e-9), p_above(a, b)
     over = mean(vals(bn, "over_floor"))
@@ -208,7 +215,7 @@ def c1_model(d: RunsData, model: str) -> tuple[str, str]:
             f"{p_text(p)}); bn at {fmt(over, 1)}x its churn floor; swing bn ±"
             f"{shown(bn, 'swing', 1)}, syncbn ±{shown(sb, 'swing', 1)}")
     if not learned(sb):
-        return "untestable", text + " (syncbn does not learn)"
+        return "untestable", "untestable", text + " (syncbn does not learn)"
     if p > SEPARATED:
         v = "not reproduced"
     elif ratio >= 2 and over is not None and over >= FLOOR_RATIO:
@@ -216,9 +223,9 @@ def c1_model(d: RunsData, model: str) -> tuple[str, str]:
     else:
         v = "partly"
     if not learned(bn):  # added after LANDED: the rule there gives v
-        return "untestable", text + (f" (bn does not learn: no room to jitter; the rule of "
-                                     f"{LANDED}, which checked only syncbn, gives {v})")
-    return v, text + (" (indistinguishable)" if v == "not reproduced" else "")
+        return "untestable", v, text + (f" (bn does not learn: no room to jitter; the rule "
+                                        f"of {LANDED}, which checked only syncbn, gives {v})")
+    return v, v, text + (" (indistinguishable)" if v == "not reproduced" else "")
 
 
 def per_model(d: RunsData, claim: str, claimed: str, outcome, rule: str) -> Verdict:
@@ -281,7 +288,7 @@ def c9_model(d: RunsData, model: str) -> tuple[str, str]:
     text = (f"{model}: von Neumann sd gn {shown(gn)}, syncbn {shown(others['syncbn'])}, bn "
             f"{shown(others['bn'])}, frozen {shown(others['frozen_bn'])}; gn above any p >= "
             f"{min(above.values()):.3f}, below bn p = {p_text(below_bn)}; plateau acc gn "
-            f"{gap:.1f} points under syncbn")
+            f"{-gap:+.1f} points against syncbn")
     if not learned(gn):
         return "untestable", text + " (gn does not learn: no room to jitter)"
     v = "reproduced" if steadiest and close else "partly" if steadiest or close else \
@@ -308,7 +315,7 @@ def c9(d: RunsData) -> Verdict:
 def c4(d: RunsData) -> Verdict:
     """C4 says C1's effect survives another optimizer and no augmentation: ruled only where
     C1's effect exists (on C4_MODEL), each variant like C1 but at 1.5x."""
-    base, _ = c1_model(d, C4_MODEL)
+    base, old_base, _ = c1_both(d, C4_MODEL)
     parts, out = [], {}
     for variant in VARIANTS:
         bn, sb = cell(d, C4_MODEL, "bn", variant), cell(d, C4_MODEL, "syncbn", variant)
@@ -325,18 +332,24 @@ def c4(d: RunsData) -> Verdict:
             "(reproduced or partly), else untestable; in each variant the effect survives if "
             f"bn's jitter is separated above syncbn's (p <= {SEPARATED}) and >= 1.5x it; "
             "reproduced if it survives in both, partly in one, else not reproduced.")
-    if base == "not run yet" or "not run yet" in out.values():
-        v = "not run yet"
-    elif base not in ("reproduced", "partly"):
-        v = "untestable"
+    v = c4_outcome(base, out)
+    if base not in ("not run yet", "reproduced", "partly"):
         rule += f" C1 on {C4_MODEL}: {base}, so there is no effect to survive."
-    elif "untestable" in out.values():
-        v = "untestable"
-    else:
-        n = sum(o == "survives" for o in out.values())
-        v = "reproduced" if n == len(VARIANTS) else "partly" if n else "not reproduced"
+    if old_base != base:  # C1's rule changed after LANDED
+        rule += (f" With C1's rule of {LANDED} (C1 on {C4_MODEL}: {old_base}), C4 gives "
+                 f"{c4_outcome(old_base, out)}.")
     return Verdict("C4", "make table-plateau", "aug off / other optimizer do not remove it",
                    "; ".join(parts), v, rule)
+
+
+def c4_outcome(base: str, out: dict[str, str]) -> str:
+    """C4 from C1's outcome on C4_MODEL and each variant's (survives, gone, or why not)."""
+    if base == "not run yet" or "not run yet" in out.values():
+        return "not run yet"
+    if base not in ("reproduced", "partly") or "untestable" in out.values():
+        return "untestable"
+    n = sum(o == "survives" for o in out.values())
+    return "reproduced" if n == len(VARIANTS) else "partly" if n else "not reproduced"
 
 
 def verdicts(d: RunsData) -> list[Verdict]:

@@ -336,7 +336,8 @@ def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]]) ->
         *claim_rows(verdicts, "" if done == expected else " (preliminary)"), "", budget, end]))
     print(f"wrote the claims' verdicts into {readme}")
     figures = [f"experiments/{t.name}/{t.headline}" for t, _ in built if t.headline]
-    if figures and readme.resolve() == (EXPERIMENTS / "README.md").resolve():
+    if figures and readme.resolve() == (EXPERIMENTS / "README.md").resolve() and \
+            all(d.root.resolve() == RUNS.resolve() for d in sweeps):  # the committed runs
         write_headline(ROOT / "README.md", figures, verdicts, status)
 
 
@@ -344,6 +345,10 @@ def write_headline(path: Path, figures: list[str], verdicts: list[Verdict], stat
     """The headline tables' figures and verdicts (claim, ours, verdict) in `path` (the
     project's README.md) between `<!-- headline:begin/end -->`."""
     begin, end = "<!-- headline:begin -->", "<!-- headline:end -->"
+    text = path.read_text() if path.is_file() else ""
+    if begin not in text or end not in text:
+        raise BnlabError(f"{path} lacks the lines {begin} and {end} that the headline goes "
+                         "between; put them back where the headline belongs.")
     rows = ["| claim | claimed | ours | verdict |", "|---|---|---|---|"]
     rows += [f"| {v.claim} | {v.claimed} | {v.ours} | **{v.verdict}"
              f"{' (preliminary)' if status and v.verdict != 'not run yet' else ''}** |"

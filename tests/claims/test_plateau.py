@@ -188,7 +188,8 @@ def test_c8_on_the_headline_protocol_is_paired_at_epoch_ends(tmp_path):
         r.status = "diverged"
     v = decompose.c8(d)
     assert v.verdict == "reproduced" and "resnet20 syncbn untestable" in v.why
-    assert "2 of 3 diverged" in v.ours
+    assert "1 of 3 finished seeds have a gain (2 diverged" in v.ours
+    assert "the rule of 1fc01e2 gives not run yet" in v.ours
 
 
 def variant_cells(tmp_path, noise: dict[str, float]) -> list[CellResult]:
@@ -270,6 +271,8 @@ def test_c1_is_untestable_where_bn_does_not_learn_and_says_what_the_old_rule_giv
     outcome, text = plateau.c1_model(d, "resnet20")
     assert outcome == "untestable"
     assert "bn does not learn" in text and "checked only syncbn, gives reproduced" in text
+    c4 = plateau.c4(d)  # C4 rests on C1 there: it says what C1's old rule would give
+    assert "With C1's rule of 1fc01e2 (C1 on resnet20: reproduced)" in c4.why
 
 
 def test_c9_needs_gn_near_the_lowest_jitter_and_says_what_the_old_rule_gives(

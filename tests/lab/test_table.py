@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from bnlab.errors import BnlabError
 from bnlab.lab.table import Context, Table, Verdict, main, write_headline
 from bnlab.rundir import read_status
 
@@ -85,3 +88,11 @@ def test_the_headline_block_opens_the_readme_and_is_replaced_in_place(tmp_path):
     write_headline(readme, ["experiments/x/x.png"], vs[:1], "")
     assert readme.read_text().count("headline:begin") == 1 and "C6" not in readme.read_text()
     assert "| C1 | bn ±10 | bn 3.5, syncbn 4.3 | **not reproduced** |" in readme.read_text()
+
+
+def test_the_headline_is_refused_where_its_markers_are_missing(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# p\n<!-- headline:begin -->\n")
+    with pytest.raises(BnlabError, match="lacks the lines"):
+        write_headline(readme, [], [], "")
+    assert readme.read_text() == "# p\n<!-- headline:begin -->\n"  # nothing written
