@@ -42,11 +42,16 @@ def window(epochs, values, total_epochs: float, start: float = 1.0 - WINDOW) -> 
     return [v for e, v in zip(epochs, values, strict=True) if e >= lo]
 
 
+def on_plateau(epoch: float, total_epochs: float) -> bool:
+    """Whether an evaluation at `epoch` is in the plateau window: epoch > PLATEAU *
+    total_epochs (the stated rule: at a constant learning rate after warmup, the second half
+    of training)."""
+    return epoch > PLATEAU * total_epochs + 1e-9
+
+
 def plateau(epochs, values, total_epochs: float) -> list[float]:
-    """The values in the plateau window: epoch > PLATEAU * total_epochs (the stated rule: at a
-    constant learning rate after warmup, the second half of training)."""
-    lo = PLATEAU * total_epochs + 1e-9
-    return [v for e, v in zip(epochs, values, strict=True) if e > lo]
+    """The values in the plateau window (on_plateau)."""
+    return [v for e, v in zip(epochs, values, strict=True) if on_plateau(e, total_epochs)]
 
 
 def _need(values, what: str) -> np.ndarray:

@@ -38,7 +38,7 @@ def split(run: Run, total_epochs: float) -> dict[str, float] | None:
         return None
     rows = [r for r in run.rows if r.get("val/acc") is not None
             and r.get("decomp/acc_precise") is not None
-            and r["epoch"] > jitter.PLATEAU * total_epochs + 1e-9]
+            and jitter.on_plateau(r["epoch"], total_epochs)]
     if len(rows) < jitter.MIN_EVALS:
         return None
     return jitter.variance_split([r["val/acc"] for r in rows],
@@ -52,7 +52,7 @@ def epoch_end_gain(run: Run, total_epochs: float) -> float | None:
         return None
     gains = [r["decomp/acc_precise"] - r["val/acc"] for r in run.rows
              if r.get("decomp/acc_precise") is not None and r.get("val/acc") is not None
-             and r["epoch"] > jitter.PLATEAU * total_epochs + 1e-9
+             and jitter.on_plateau(r["epoch"], total_epochs)
              and abs(r["epoch"] - round(r["epoch"])) < 1e-9]
     return float(np.mean(gains)) if gains else None
 

@@ -129,7 +129,7 @@ class Run:
         pred = self.predictions
         if pred is not None and kind in pred[1]:
             labels, (pep, classes) = pred[0], pred[1][kind]
-            keep = [i for i, e in enumerate(pep) if e > jitter.PLATEAU * total_epochs + 1e-9]
+            keep = [i for i, e in enumerate(pep) if jitter.on_plateau(e, total_epochs)]
             p = classes[keep]
             if len(p) < 2:
                 return out
