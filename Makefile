@@ -32,11 +32,8 @@ test-slow: install ## run only the slow tests
 lint: install ## ruff check
 	$(UV) run --frozen ruff check .
 
-demo: install ## short training run + table + plot (synthetic data; DATA=<dir> for CIFAR-10)
-	$(PY) train.py experiment=demo $(if $(DATA),data=cifar10 data.root=$(DATA) data.download=false) \
-		hydra.run.dir=$(DEMO_DIR)
-	$(PY) -m bnlab.lab.report $(DEMO_DIR) --out $(DEMO_DIR)/report \
-		--title "bnlab demo ($(if $(DATA),CIFAR-10 from $(DATA),synthetic data))"
+demo: install ## bn, syncbn and gn at 4 ranks x 2, side by side, in one plot (~2 min; DATA=<dir> for CIFAR-10)
+	$(PY) -m bnlab.lab.demo --out $(DEMO_DIR) $(if $(DATA),--data $(DATA))
 
 bench: install ## benchmarks (quiet machine, ~15 min; ONLY=sim,syncbn,...) + docs/performance.md
 	$(PY) benchmarks/bench.py $(if $(ONLY),--only $(ONLY))

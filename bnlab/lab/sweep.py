@@ -135,7 +135,11 @@ def load_spec(path: Path, data: str | None = None) -> Spec:
     path = Path(path)
     if not path.is_file():
         raise BnlabError(f"no sweep spec at {path}; give experiments/<name>/sweep.yaml.")
-    raw = yaml.safe_load(path.read_text())
+    return spec_from(yaml.safe_load(path.read_text()), path, data)
+
+
+def spec_from(raw: dict, path: Path, data: str | None = None, name: str | None = None) -> Spec:
+    """A spec from its parsed YAML; its name is `name`, else the folder of `path`."""
     exp, seeds = raw["experiment"], raw.get("seeds", [0, 1, 2])
     cells = []
     for c in raw["cells"]:
@@ -145,7 +149,8 @@ def load_spec(path: Path, data: str | None = None) -> Spec:
         cell.cfg = compose(ov + data_overrides(data))
         cells.append(cell)
     extra = {k: v for k, v in raw.items() if k not in ("title", "experiment", "seeds", "cells")}
-    return Spec(path.parent.name, raw.get("title", path.parent.name), exp, cells, path, extra)
+    name = name or path.parent.name
+    return Spec(name, raw.get("title", name), exp, cells, path, extra)
 
 
 def data_tag(cfg: dict) -> str:
