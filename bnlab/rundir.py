@@ -64,7 +64,7 @@ def write_run_info(run_dir: Path, cfg: dict, extra: dict) -> None:
     run_dir = Path(run_dir)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     info = {"commit": git_commit(), "versions": versions(), "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
+            "machine": machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
     (run_dir / "run.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
@@ -75,7 +75,7 @@ def note_resume(run_dir: Path, step: int, dropped_lines: int) -> None:
     info.setdefault("resumed", []).append({
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "from_step": step,
         "metrics_lines_dropped": dropped_lines, "commit": git_commit(),
-        "host": socket.gethostname()})
+        "host": socket.gethostname(), "machine": machine()})
     path.write_text(json.dumps(info, indent=2) + "\n")
 
 

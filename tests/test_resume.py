@@ -93,6 +93,7 @@ def test_kill_9_mid_epoch_then_resume_reproduces_the_run_bitwise(reference, tmp_
     assert_same_run(reference, d)
     info = json.loads((d / "run.json").read_text())
     assert len(info["resumed"]) == 1 and info["resumed"][0]["from_step"] in (8, 12)
+    assert info["resumed"][0]["machine"] == info["machine"]
 
 
 def test_sigterm_checkpoints_at_the_next_step_and_the_next_launch_resumes(reference, tmp_path):

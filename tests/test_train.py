@@ -13,6 +13,7 @@ import yaml
 
 from bnlab import jitter
 from bnlab.metrics import read_jsonl, read_predictions
+from bnlab.rundir import machine
 from conftest import SMOKE, needs_cifar, run_dirs, run_entry
 
 pytestmark = needs_cifar
@@ -49,6 +50,7 @@ def test_single_process_run_writes_a_complete_run_directory(single_run):
     assert info["bn_values_per_channel"]["bn1"] == 8 * 32 * 32  # resnet20, 8 images per rank
     assert info["bn_values_per_channel"]["layers.8.bn2"] == 8 * 8 * 8
     assert info["versions"]["torch"].startswith("2.13.0") and "commit" in info
+    assert info["machine"] == machine()  # the tables name it per run (one host name can be many)
     assert json.loads((d / "status.json").read_text())["status"] == "completed"
     rows = read_jsonl(d / "metrics.jsonl")
     keys = set().union(*rows)

@@ -164,12 +164,17 @@ def data_tag(cfg: dict) -> str:
 
 
 def record_host(folder: Path) -> None:
-    """hosts.json: each host that ran runs here, described (the tables name the machine)."""
+    """hosts.json: each host name that ran runs here, with every machine seen under it (one
+    name can stand for several machines). Runs since run.json named its machine are
+    described by that; this file describes the older ones."""
     folder.mkdir(parents=True, exist_ok=True)
     f = folder / "hosts.json"
     hosts = json.loads(f.read_text()) if f.is_file() else {}
-    hosts[socket.gethostname()] = machine()
-    f.write_text(json.dumps(hosts, indent=2, sort_keys=True) + "\n")
+    seen = hosts.get(socket.gethostname(), [])
+    seen = [seen] if isinstance(seen, str) else seen
+    if machine() not in seen:
+        hosts[socket.gethostname()] = [*seen, machine()]
+        f.write_text(json.dumps(hosts, indent=2, sort_keys=True) + "\n")
 
 
 def run_dir(tag: str, cell: Cell, seed: int, root: Path = RUNS) -> Path:

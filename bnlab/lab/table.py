@@ -26,7 +26,15 @@ from typing import Any
 from bnlab.cli import run_cli
 from bnlab.errors import BnlabError
 from bnlab.jitter import MIN_EVALS, WINDOW
-from bnlab.lab.results import BUDGET_MIN, JOBS, CellResult, collect, run_minutes, wall_minutes
+from bnlab.lab.results import (
+    BUDGET_MIN,
+    JOBS,
+    CellResult,
+    Run,
+    collect,
+    run_minutes,
+    wall_minutes,
+)
 from bnlab.lab.sweep import Spec, data_tag, load_spec, outcome, sweep
 from bnlab.paths import EXPERIMENTS, ROOT, RUNS, shown
 
@@ -198,6 +206,19 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
+def run_machines(run: Run, hosts: dict) -> list[str]:
+    """The machines a run trained on: named in its run.json (its start and each resume), or,
+    for runs older than that, every machine hosts.json knows under its host name."""
+    named = [e.get("machine") for e in [run.info, *run.info.get("resumed", [])]]
+    if all(named):
+        return named
+    host = run.info.get("host", "?")
+    known = hosts.get(host, host)
+    known = [known] if isinstance(known, str) else known
+    return [m for m in named if m] + [known[0] if len(known) == 1 else
+                                      f"host {host}: {' or '.join(known)} (not recorded per run)"]
+
+
 def provenance(cells: list[CellResult], tag: str, root: Path = RUNS, budget: bool = True) -> str:
     """Data, machine, commits and compute of the runs behind a table, read from the runs;
     `budget`: the wall time is set against the short-protocol tables' budget (a sweep spec
@@ -208,7 +229,7 @@ def provenance(cells: list[CellResult], tag: str, root: Path = RUNS, budget: boo
     commits = sorted({r.info.get("commit") or "?" for r in runs})
     hosts = json.loads((root / tag / "hosts.json").read_text()) \
         if (root / tag / "hosts.json").is_file() else {}
-    machines = sorted({hosts.get(r.info.get("host"), r.info.get("host", "?")) for r in runs})
+    machines = sorted({m for r in runs for m in run_machines(r, hosts)})
     devices = sorted({r.info.get("device", "?") for r in runs})
     torch_v = sorted({r.info.get("versions", {}).get("torch") or "?" for r in runs})
     expected = sum(c.expected for c in cells)

@@ -96,3 +96,25 @@ def test_the_headline_is_refused_where_its_markers_are_missing(tmp_path):
     with pytest.raises(BnlabError, match="lacks the lines"):
         write_headline(readme, [], [], "")
     assert readme.read_text() == "# p\n<!-- headline:begin -->\n"  # nothing written
+
+
+def test_a_host_name_shared_by_two_machines_names_both_where_a_run_does_not_say(
+        tmp_path, monkeypatch):
+    from bnlab.lab import sweep as sweep_mod
+    from bnlab.lab.results import Run
+    from bnlab.lab.table import run_machines
+
+    (tmp_path / "hosts.json").write_text(json.dumps({"vm": "old cpu"}))  # the older format
+    monkeypatch.setattr(sweep_mod.socket, "gethostname", lambda: "vm")
+    for m in ("new cpu", "new cpu"):
+        monkeypatch.setattr(sweep_mod, "machine", lambda m=m: m)
+        sweep_mod.record_host(tmp_path)
+    hosts = json.loads((tmp_path / "hosts.json").read_text())
+    assert hosts == {"vm": ["old cpu", "new cpu"]}
+    old = Run(tmp_path, "completed", info={"host": "vm"})
+    assert run_machines(old, hosts) == ["host vm: old cpu or new cpu (not recorded per run)"]
+    named = Run(tmp_path, "completed", info={"host": "vm", "machine": "new cpu",
+                                             "resumed": [{"machine": "old cpu"}]})
+    assert run_machines(named, hosts) == ["new cpu", "old cpu"]
+    alone = Run(tmp_path, "completed", info={"host": "other"})
+    assert run_machines(alone, hosts) == ["other"]
