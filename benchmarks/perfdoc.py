@@ -15,6 +15,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from bnlab.lab.sweep import read_hosts
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RUNS = ROOT / "experiments" / "runs"
@@ -124,13 +126,14 @@ def section(res: dict) -> list[str]:
     return out
 
 
-def _jobs_then(run: Path, threads: int) -> int:
+def _jobs_then(run: Path, threads: int) -> int | None:
     """Jobs side by side for a record that predates `jobs` in sweep.json: the sweep gave each
-    job cores // jobs threads, and hosts.json names the host's cores."""
+    job cores // jobs threads, and hosts.json names the host's cores (None where the machines
+    seen under that host name differ in cores)."""
     host = json.loads((run / "run.json").read_text())["host"]
-    hosts = json.loads((run.parent.parent / "hosts.json").read_text())
-    cores = int(re.search(r"(\d+) cores", hosts[host]).group(1))
-    return max(1, cores // threads)
+    cores = {int(re.search(r"(\d+) cores", m).group(1))
+             for m in read_hosts(run.parent.parent).get(host, [])}
+    return max(1, cores.pop() // threads) if len(cores) == 1 else None
 
 
 def observed_sweeps(runs: Path = RUNS) -> list[str]:
@@ -142,6 +145,8 @@ def observed_sweeps(runs: Path = RUNS) -> list[str]:
             continue
         cell = f"{rec['cell']} ({f.parent.parent.name.rsplit('-', 1)[0]})"
         jobs = rec.get("jobs") or _jobs_then(f.parent, rec["threads"])
+        if jobs is None:
+            continue
         groups.setdefault((cell, rec.get("threads"), jobs), []).append(rec["wall_s"])
     if not groups:
         return []

@@ -71,14 +71,16 @@ def test_performance_page_shows_targets_missed_and_quick_runs(tmp_path, monkeypa
 def _sweep_run(root: Path, cell: str, seed: int, wall: float, **rec) -> None:
     d = root / "cifar10-9" / cell / f"seed{seed}"
     d.mkdir(parents=True)
-    (d / "run.json").write_text(json.dumps({"host": "h"}))
+    (d / "run.json").write_text(json.dumps({"host": rec.pop("host", "h")}))
     (d / "sweep.json").write_text(json.dumps({"cell": "bn", "rc": 0, "wall_s": wall,
                                               "threads": 1, **rec}))
 
 
 def test_observed_sweep_throughput_comes_from_the_runs_records(tmp_path):
     (tmp_path / "cifar10-9").mkdir()
-    (tmp_path / "cifar10-9" / "hosts.json").write_text(json.dumps({"h": "X, 2 cores"}))
+    (tmp_path / "cifar10-9" / "hosts.json").write_text(
+        json.dumps({"h": ["X, 2 cores", "Y, 2 cores"], "g": ["X, 2 cores", "Z, 4 cores"]}))
+    _sweep_run(tmp_path, "resnet18-bn-4x2-abc", 3, 700.0, host="g")  # cores unknown: left out
     _sweep_run(tmp_path, "resnet18-bn-4x2-abc", 0, 300.0)  # predates `jobs`: 2 cores / 1
     _sweep_run(tmp_path, "resnet18-bn-4x2-abc", 1, 500.0, jobs=2)
     _sweep_run(tmp_path, "resnet18-bn-4x2-abc", 2, 9000.0, jobs=2, launches=2)  # resumed

@@ -1,4 +1,4 @@
-"""`make demo`: the finding in about two minutes. bn, syncbn and gn train side by side at 4
+"""`make demo`: the finding in under three minutes. bn, syncbn and gn train side by side at 4
 simulated ranks x 2 images (configs/experiment/demo.yaml), then one plot and one table show
 their validation curves and jitter, built only from the runs' own logs.
 
@@ -16,16 +16,17 @@ normalizes over 2 values per channel (the run's warning names those layers).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
 
 from bnlab.cli import run_cli
 from bnlab.errors import BnlabError
+from bnlab.jitter import PLATEAU
 from bnlab.lab.figures import plt, save
-from bnlab.lab.results import Run
-from bnlab.lab.sweep import data_tag, outcome, run_dir, spec_from, sweep
+from bnlab.lab.results import Run, fmt
+from bnlab.lab.sweep import Spec, outcome, spec_from, sweep
+from bnlab.lab.table import md_table
 from bnlab.paths import CONFIGS
 
 NORMS = ("bn", "syncbn", "gn")
@@ -37,7 +38,7 @@ COLUMNS = ("norm", "status", "final val acc", "plateau val acc", "swing (+/- pts
            "train s")
 
 
-def spec(data: str | None, out: Path):
+def spec(data: str | None) -> Spec:
     """The demo's three cells; with `data`, on CIFAR-10 read from it."""
     extra = ["data=cifar10"] if data else SYNTHETIC
     raw = {**SPEC, "cells": [{**c, "overrides": [*c["overrides"], *extra]}
@@ -45,15 +46,22 @@ def spec(data: str | None, out: Path):
     return spec_from(raw, CONFIGS / "experiment" / "demo.yaml", data, name="demo")
 
 
-def runs_of(s, out: Path) -> list[Run]:
-    """The demo's runs in `out` (one sentence when one is missing)."""
-    tag = data_tag(s.cells[0].cfg)
-    return [Run.read(run_dir(tag, c, 0, out / "runs"), seed=0) for c in s.cells]
+def runs_in(out: Path) -> list[Run]:
+    """The demo's runs under `out`/runs/<data tag>/<cell>/seed0, in the order of NORMS, read
+    from the folder alone (no data needed): one sentence where there are none, or where runs
+    of two data sets share the folder."""
+    tags = sorted({d.parent.parent.name for d in (out / "runs").glob("*/*/seed*")})
+    if len(tags) != 1:
+        why = f"demo runs of {len(tags)} data sets ({', '.join(tags)})" if tags else \
+            "no demo runs"
+        raise BnlabError(f"{out} holds {why}; run `python -m bnlab.lab.demo --out DIR` with a "
+                         "new DIR (add --data DIR for CIFAR-10).")
+    runs = [Run.read(d) for d in sorted((out / "runs" / tags[0]).glob("*/seed*"))]
+    return sorted(runs, key=lambda r: NORMS.index(r.cfg["norm"]["kind"]))
 
 
 def row(run: Run) -> dict:
-    total = run.cfg["epochs"]
-    j = run.jitter(total)
+    j = run.jitter(run.cfg["epochs"])
     counts = run.info.get("bn_values_per_channel") or {}
     return {"norm": run.cfg["norm"]["kind"], "status": run.status or "?",
             "final val acc": run.accs[-1] if run.accs else None,
@@ -64,15 +72,8 @@ def row(run: Run) -> dict:
             "train s": run.last("time/train_s")}
 
 
-def markdown_table(rows: list[dict]) -> str:
-    def cell(v):
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return "-"
-        return f"{v:.2f}" if isinstance(v, float) else str(v)
-
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(cell(r[c]) for c in COLUMNS) + " |" for r in rows]
-    return "\n".join(lines)
+def shown(v, digits: int = 2) -> str:
+    return str(v) if isinstance(v, int | str) else fmt(v, digits)
 
 
 def plot(runs: list[Run], rows: list[dict], out: Path, title: str) -> None:
@@ -82,14 +83,14 @@ def plot(runs: list[Run], rows: list[dict], out: Path, title: str) -> None:
     total = runs[0].cfg["epochs"]
     for run, r in zip(runs, rows, strict=True):
         def num(k, r=r):
-            return "-" if r[k] is None else f"{r[k]:.1f}"
+            return shown(r[k], 1)
         label = (f"{r['norm']}: {num('plateau val acc')}% on the plateau, jitter "
                  f"{num('von Neumann sd (pts)')} pts (floor {num('churn floor (pts)')}), swing "
                  f"+/-{num('swing (+/- pts)')}")
         ax1.plot(*run.series("val/acc"), marker=".", label=label)
         ax2.plot(*run.series("val/loss"), marker=".", label=r["norm"])
     for ax in (ax1, ax2):
-        ax.axvspan(total / 2, total, color="0.9", zorder=0)
+        ax.axvspan(PLATEAU * total, total, color="0.9", zorder=0)
         ax.set_xlabel("epoch (shaded: the plateau, where jitter is measured)")
         ax.grid(alpha=0.3)
     ax1.set(ylabel="val accuracy (%)", ylim=(0, 100))
@@ -102,13 +103,13 @@ def plot(runs: list[Run], rows: list[dict], out: Path, title: str) -> None:
 def write(runs: list[Run], out: Path, title: str) -> None:
     """`out`/table.md and `out`/demo.png from the demo's runs."""
     rows = [row(r) for r in runs]   # reads every run first: bad input leaves nothing behind
-    table = markdown_table(rows)
+    table = md_table(list(COLUMNS), [[shown(r[c]) for c in COLUMNS] for r in rows])
     src = "\n".join(f"- `{r.path}` (commit {r.info.get('commit')})" for r in runs)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(
         f"# {title}\n\n{table}\n\nJitter: the von Neumann sd of val acc on the plateau (the "
-        "evaluations after the first half of training), the noise of one evaluation; churn "
-        "floor: what prediction flips alone would give on this test set (bnlab/jitter.py). "
+        f"evaluations after the first {PLATEAU:.0%} of training), the noise of one evaluation; "
+        "churn floor: what prediction flips alone would give on this test set (bnlab/jitter.py). "
         "Swing: half the range on the plateau, the claims' '+/- points'.\n\n"
         f"Generated by `python -m bnlab.lab.demo` from:\n{src}\n")
     plot(runs, rows, out / "demo.png", title)
@@ -121,23 +122,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="folder for the runs, table and plot")
     p.add_argument("--data", help="folder holding cifar-10-batches-py (default: generated data)")
     p.add_argument("--jobs", type=int, default=len(NORMS),
-                   help="runs side by side (default: all three, one thread each)")
-    p.add_argument("--report", action="store_true", help="no training: the table and plot again")
+                   help="runs side by side (default: all three at once)")
+    p.add_argument("--report", action="store_true",
+                   help="no training: the table and plot again from the runs in --out")
     a = p.parse_args(argv)
 
     def body() -> int:
         if a.jobs < 1:
             raise BnlabError(f"--jobs={a.jobs} must be at least 1.")
-        s = spec(a.data, a.out)
         if not a.report:
             t0 = time.perf_counter()
-            status = outcome(sweep([s], a.data, a.jobs, root=a.out / "runs"),
+            status = outcome(sweep([spec(a.data)], a.data, a.jobs, root=a.out / "runs"),
                              (time.perf_counter() - t0) / 60)
             if status:
                 return status
-        what = f"CIFAR-10 from {a.data}" if a.data else "generated data"
-        write(runs_of(s, a.out), a.out, f"bnlab demo: resnet18, 4 simulated ranks x 2 images "
-                                        f"({what})")
+        runs = runs_in(a.out)
+        what = "CIFAR-10" if runs[0].cfg["data"]["name"] == "cifar10" else "generated data"
+        write(runs, a.out, f"bnlab demo: resnet18, 4 simulated ranks x 2 images ({what})")
         return 0
 
     return run_cli(body)

@@ -163,18 +163,24 @@ def data_tag(cfg: dict) -> str:
     return f"{cfg['data']['name']}-{len(d.train)}"
 
 
-def record_host(folder: Path) -> None:
-    """hosts.json: each host name that ran runs here, with every machine seen under it (one
-    name can stand for several machines). Runs since run.json named its machine are
-    described by that; this file describes the older ones."""
-    folder.mkdir(parents=True, exist_ok=True)
+def read_hosts(folder: Path) -> dict[str, list[str]]:
+    """hosts.json read back: each host name -> every machine seen under it (a file written
+    before one name could stand for several machines holds one description per name)."""
     f = folder / "hosts.json"
-    hosts = json.loads(f.read_text()) if f.is_file() else {}
-    seen = hosts.get(socket.gethostname(), [])
-    seen = [seen] if isinstance(seen, str) else seen
+    raw = json.loads(f.read_text()) if f.is_file() else {}
+    return {h: [m] if isinstance(m, str) else list(m) for h, m in raw.items()}
+
+
+def record_host(folder: Path) -> None:
+    """Add this machine under this host name to hosts.json, where runs are about to train.
+    Runs since run.json named its machine are described by that; this file describes the
+    older ones, which named only their host."""
+    hosts = read_hosts(folder)
+    seen = hosts.setdefault(socket.gethostname(), [])
     if machine() not in seen:
-        hosts[socket.gethostname()] = [*seen, machine()]
-        f.write_text(json.dumps(hosts, indent=2, sort_keys=True) + "\n")
+        seen.append(machine())
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "hosts.json").write_text(json.dumps(hosts, indent=2, sort_keys=True) + "\n")
 
 
 def run_dir(tag: str, cell: Cell, seed: int, root: Path = RUNS) -> Path:
@@ -251,7 +257,6 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
           root: Path = RUNS) -> dict[str, int]:
     tag = data_tag(specs[0].cells[0].cfg)
     name = "+".join(s.name for s in specs)
-    record_host(root / tag)
     todo = []
     for cell, seed, d in plan(specs, tag, root):
         status = read_status(d)
@@ -262,6 +267,8 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
         elif d.exists():
             print(f"will resume {status or 'unfinished'} run: {d}")
         todo.append((cell, seed, d))
+    if todo:
+        record_host(root / tag)
     total = len(plan(specs, tag, root))
     print(f"{name}: {total - len(todo)} of {total} runs already done under "
           f"{root / tag}; running {len(todo)} with {jobs} job(s) in parallel")

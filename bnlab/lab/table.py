@@ -35,7 +35,7 @@ from bnlab.lab.results import (
     run_minutes,
     wall_minutes,
 )
-from bnlab.lab.sweep import Spec, data_tag, load_spec, outcome, sweep
+from bnlab.lab.sweep import Spec, data_tag, load_spec, outcome, read_hosts, sweep
 from bnlab.paths import EXPERIMENTS, ROOT, RUNS, shown
 
 # ----------------------------------------------------------------------------------------
@@ -206,17 +206,19 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def run_machines(run: Run, hosts: dict) -> list[str]:
-    """The machines a run trained on: named in its run.json (its start and each resume), or,
-    for runs older than that, every machine hosts.json knows under its host name."""
-    named = [e.get("machine") for e in [run.info, *run.info.get("resumed", [])]]
-    if all(named):
-        return named
-    host = run.info.get("host", "?")
-    known = hosts.get(host, host)
-    known = [known] if isinstance(known, str) else known
-    return [m for m in named if m] + [known[0] if len(known) == 1 else
-                                      f"host {host}: {' or '.join(known)} (not recorded per run)"]
+def run_machines(run: Run, hosts: dict[str, list[str]]) -> list[str]:
+    """The machines a run trained on, at its start and at each resume: named in its run.json,
+    or, where an older entry names only its host, every machine hosts.json knows under that
+    name, said to be a guess."""
+    out = []
+    for e in [run.info, *run.info.get("resumed", [])]:
+        if e.get("machine"):
+            out.append(e["machine"])
+            continue
+        host = e.get("host", "?")
+        known = " or ".join(f'"{m}"' for m in hosts.get(host, [])) or "unknown"
+        out.append(f"host {host}, machine not recorded per run: {known}")
+    return list(dict.fromkeys(out))
 
 
 def provenance(cells: list[CellResult], tag: str, root: Path = RUNS, budget: bool = True) -> str:
@@ -227,8 +229,7 @@ def provenance(cells: list[CellResult], tag: str, root: Path = RUNS, budget: boo
     if not runs:
         return f"No finished runs yet under `{shown(root)}/{tag}/`."
     commits = sorted({r.info.get("commit") or "?" for r in runs})
-    hosts = json.loads((root / tag / "hosts.json").read_text()) \
-        if (root / tag / "hosts.json").is_file() else {}
+    hosts = read_hosts(root / tag)
     machines = sorted({m for r in runs for m in run_machines(r, hosts)})
     devices = sorted({r.info.get("device", "?") for r in runs})
     torch_v = sorted({r.info.get("versions", {}).get("torch") or "?" for r in runs})

@@ -38,7 +38,7 @@ def test_the_demo_trains_three_norms_and_shows_bn_apart_from_syncbn(tmp_path):
 def test_missing_runs_and_bad_jobs_are_one_sentence(tmp_path, capsys):
     assert demo.main(["--out", str(tmp_path / "none"), "--report"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("bnlab: error: ") and "holds no metrics.jsonl" in err
+    assert err.startswith("bnlab: error: ") and "holds no demo runs; run `python -m" in err
     assert len(err.splitlines()) == 1 and not (tmp_path / "none").exists()
     assert demo.main(["--out", str(tmp_path / "x"), "--jobs", "0"]) == 2
     err = capsys.readouterr().err

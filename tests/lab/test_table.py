@@ -109,12 +109,19 @@ def test_a_host_name_shared_by_two_machines_names_both_where_a_run_does_not_say(
     for m in ("new cpu", "new cpu"):
         monkeypatch.setattr(sweep_mod, "machine", lambda m=m: m)
         sweep_mod.record_host(tmp_path)
-    hosts = json.loads((tmp_path / "hosts.json").read_text())
+    hosts = sweep_mod.read_hosts(tmp_path)
     assert hosts == {"vm": ["old cpu", "new cpu"]}
-    old = Run(tmp_path, "completed", info={"host": "vm"})
-    assert run_machines(old, hosts) == ["host vm: old cpu or new cpu (not recorded per run)"]
+    guess = 'host vm, machine not recorded per run: "old cpu" or "new cpu"'
+    assert run_machines(Run(tmp_path, "completed", info={"host": "vm"}), hosts) == [guess]
+    # An older start resumed since: the guess for the start, the resume's own machine.
+    mixed = Run(tmp_path, "completed", info={"host": "vm", "resumed": [
+        {"host": "vm", "machine": "new cpu"}, {"host": "box"}]})
+    assert run_machines(mixed, hosts) == [
+        guess, "new cpu", "host box, machine not recorded per run: unknown"]
     named = Run(tmp_path, "completed", info={"host": "vm", "machine": "new cpu",
-                                             "resumed": [{"machine": "old cpu"}]})
-    assert run_machines(named, hosts) == ["new cpu", "old cpu"]
-    alone = Run(tmp_path, "completed", info={"host": "other"})
-    assert run_machines(alone, hosts) == ["other"]
+                                             "resumed": [{"machine": "new cpu"}]})
+    assert run_machines(named, hosts) == ["new cpu"]
+    # Even one machine known under the name is a guess for a run that did not say.
+    one = {"vm": ["old cpu"]}
+    assert run_machines(Run(tmp_path, "completed", info={"host": "vm"}), one) == [
+        'host vm, machine not recorded per run: "old cpu"']
