@@ -50,13 +50,13 @@ def runs_in(out: Path) -> list[Run]:
     """The demo's runs under `out`/runs/<data tag>/<cell>/seed0, in the order of NORMS, read
     from the folder alone (no data needed): one sentence where there are none, or where runs
     of two data sets share the folder."""
-    tags = sorted({d.parent.parent.name for d in (out / "runs").glob("*/*/seed*")})
+    tags = sorted({d.parent.parent.name for d in (out / "runs").glob("*/*/seed0")})
     if len(tags) != 1:
         why = f"demo runs of {len(tags)} data sets ({', '.join(tags)})" if tags else \
             "no demo runs"
         raise BnlabError(f"{out} holds {why}; run `python -m bnlab.lab.demo --out DIR` with a "
                          "new DIR (add --data DIR for CIFAR-10).")
-    runs = [Run.read(d) for d in sorted((out / "runs" / tags[0]).glob("*/seed*"))]
+    runs = [Run.read(d) for d in sorted((out / "runs" / tags[0]).glob("*/seed0"))]
     return sorted(runs, key=lambda r: NORMS.index(r.cfg["norm"]["kind"]))
 
 
@@ -82,11 +82,10 @@ def plot(runs: list[Run], rows: list[dict], out: Path, title: str) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 5.2))
     total = runs[0].cfg["epochs"]
     for run, r in zip(runs, rows, strict=True):
-        def num(k, r=r):
-            return shown(r[k], 1)
-        label = (f"{r['norm']}: {num('plateau val acc')}% on the plateau, jitter "
-                 f"{num('von Neumann sd (pts)')} pts (floor {num('churn floor (pts)')}), swing "
-                 f"+/-{num('swing (+/- pts)')}")
+        acc, sd, floor, swing = (shown(r[k], 1) for k in (
+            "plateau val acc", "von Neumann sd (pts)", "churn floor (pts)", "swing (+/- pts)"))
+        label = (f"{r['norm']}: {acc}% on the plateau, jitter {sd} pts (floor {floor}), "
+                 f"swing +/-{swing}")
         ax1.plot(*run.series("val/acc"), marker=".", label=label)
         ax2.plot(*run.series("val/loss"), marker=".", label=r["norm"])
     for ax in (ax1, ax2):
