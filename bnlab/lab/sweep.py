@@ -175,10 +175,10 @@ def record_host(folder: Path) -> None:
     """Add this machine under this host name to hosts.json, where runs are about to train.
     Runs since run.json named its machine are described by that; this file describes the
     older ones, which named only their host."""
-    hosts = read_hosts(folder)
+    hosts, here = read_hosts(folder), machine()
     seen = hosts.setdefault(socket.gethostname(), [])
-    if machine() not in seen:
-        seen.append(machine())
+    if here not in seen:
+        seen.append(here)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "hosts.json").write_text(json.dumps(hosts, indent=2, sort_keys=True) + "\n")
 
