@@ -17,14 +17,14 @@ from bnlab import dist
 from bnlab.data import Dataset, val_batches
 from bnlab.jitter import MISSING
 from bnlab.metrics import Meter
-from bnlab.norms import RankBatchNorm2d
+from bnlab.norms import RankBatchNorm
 
 EPS = 1e-5
 FIXES = "norm=syncbn, norm=gn, or a larger batch_per_gpu"
 
 
-def _bns(model: nn.Module) -> list[tuple[str, RankBatchNorm2d]]:
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, RankBatchNorm2d)]
+def _bns(model: nn.Module) -> list[tuple[str, RankBatchNorm]]:
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, RankBatchNorm)]
 
 
 def at_risk(counts: dict[str, int], threshold: int) -> dict[str, int]:
@@ -108,7 +108,7 @@ class GapProbe:
         self.hooks = []
 
     def _hook(self, name):
-        def hook(mod: RankBatchNorm2d, inp):
+        def hook(mod: RankBatchNorm, inp):
             if not mod.training:
                 return
             x = inp[0].detach()
@@ -144,7 +144,7 @@ def batch_stats_copy(model: nn.Module) -> nn.Module:
     return m
 
 
-def ghost_batch_norm(bn: RankBatchNorm2d, x: torch.Tensor, group: int) -> torch.Tensor:
+def ghost_batch_norm(bn: RankBatchNorm, x: torch.Tensor, group: int) -> torch.Tensor:
     """Train-mode BN with each run of `group` consecutive images normalized by its own
     statistics: what `x.split(group)` through the layer one batch at a time computes, in one
     kernel call (the groups laid side by side as channels). A last run shorter than `group`

@@ -23,14 +23,14 @@ from bnlab.data import Dataset, Split, TrainLoader, build_dataset
 from bnlab.diagnostics import FIXES, at_risk, train_mode_accuracy
 from bnlab.errors import BnlabError
 from bnlab.models import MODELS, build_model
-from bnlab.norms import RankBatchNorm2d, bn_value_counts
+from bnlab.norms import RankBatchNorm, bn_value_counts
 from bnlab.precise_bn import ESTIMATORS, recalibrate, set_running_stats
 from bnlab.trainer import build_net, val_metrics
 
 
 def _load_rank_stats(model, stats: dict) -> None:
     for name, m in model.named_modules():
-        if isinstance(m, RankBatchNorm2d) and name in stats:
+        if isinstance(m, RankBatchNorm) and name in stats:
             set_running_stats(m, *stats[name])
 
 

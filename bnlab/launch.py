@@ -19,7 +19,7 @@ from bnlab import dist, precheck, resume, trainer
 from bnlab.config import check_data, validate, world_size
 from bnlab.diagnostics import at_risk, risk_message
 from bnlab.errors import BnlabError
-from bnlab.norms import RankBatchNorm2d, bn_value_counts
+from bnlab.norms import RankBatchNorm, bn_value_counts
 from bnlab.rundir import read_status, set_status
 
 EXIT_FAILED = 1      # a rank failed (error, or a peer died); relaunch to resume
@@ -52,7 +52,7 @@ def preflight(cfg: dict, run_dir: Path) -> tuple[dict[str, int], bool]:
     check_data(cfg)
     model = trainer.build_net(cfg)  # also checks GroupNorm groups against every layer
     world = world_size(cfg)
-    bns = [m for m in model.modules() if isinstance(m, RankBatchNorm2d)]
+    bns = [m for m in model.modules() if isinstance(m, RankBatchNorm)]
     group = bns[0].group_size(world) if bns and bns[0].sync == "exact" else 1
     counts = bn_value_counts(model, cfg["batch_per_gpu"] * group)
     risky = at_risk(counts, cfg["diagnostics"]["min_values"])

@@ -1,21 +1,26 @@
-"""Normalization registry: the config group `norm/` picks one entry by `kind`.
+"""Normalization layers and the one function that swaps them into any model.
 
-Models are built with `nn.BatchNorm2d`; `convert_norm` swaps every BN layer for the kind
-under test before DDP wraps the model.
+`convert(model, kind)` replaces every BatchNorm layer (1d, 2d, 3d, torch's SyncBatchNorm) by the
+kind under test and carries its state over: weight, bias, running statistics,
+`num_batches_tracked`, eps, momentum (None included), affine, `track_running_stats`,
+`requires_grad`, the train/eval flag, device and dtype. `revert(model)` gives plain torch
+BatchNorm back, statistics included. bnlab's trainer builds its models with `nn.BatchNorm2d`
+and converts them with the same function; the config group `norm/` picks one entry of `NORMS`.
 
 | kind         | batch statistics                                                          |
 |--------------|---------------------------------------------------------------------------|
-| bn           | this rank's batch only (torch BatchNorm)                                  |
+| bn           | this rank's batch only (as torch BatchNorm)                               |
 | syncbn       | the union of all ranks' samples (or of groups of `sync_group` ranks)      |
 | syncbn_naive | WRONG on purpose: average of per-rank means and variances (claim C12)     |
 | gn           | none: GroupNorm, per sample over groups of channels                       |
-| ln           | none: GroupNorm with one group (per sample over C, H, W)                  |
+| ln           | none: GroupNorm with one group (per sample over every channel and pixel)  |
 | frozen_bn    | none: BN kept in eval mode (running statistics, not updated) while training |
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -30,32 +35,62 @@ from bnlab.syncbn import acc, naive_sync_batch_norm, sync_batch_norm, sync_group
 SYNC_MODES = ("none", "exact", "naive")
 
 
-class RankBatchNorm2d(nn.BatchNorm2d):
+def _check_dims(x: torch.Tensor) -> None:
+    if x.dim() < 2:
+        raise ValueError(f"expected an input of 2 or more dimensions (N, C, ...), got {x.dim()}")
+
+
+class BatchNormXd(_BatchNorm):
+    """torch's BatchNorm for inputs of any rank from 2 on: what `revert` gives back for a layer
+    whose rank is not known (torch's SyncBatchNorm)."""
+
+    def _check_input_dim(self, x: torch.Tensor) -> None:
+        _check_dims(x)
+
+
+class RankBatchNorm(_BatchNorm):
     """BatchNorm whose batch statistics come from one rank, a group of ranks, or the naive mix.
 
-    In a real process group the statistics are exchanged with collectives. Under the
-    single-process simulation of W ranks (`simulate(W)`), the batch holds all W ranks'
-    samples in rank order and the layer keeps W sets of running statistics; `running_mean`
-    and `running_var` then mirror rank 0's, as a DDP checkpoint would.
+    Takes inputs of any rank from 2 on (N, C, ...), as torch's SyncBatchNorm does. In a real
+    process group the statistics are exchanged with collectives. Under the single-process
+    simulation of W ranks (`simulate(W)`), the batch holds all W ranks' samples in rank order
+    and the layer keeps W sets of running statistics; `running_mean` and `running_var` then
+    mirror rank 0's, as a DDP checkpoint would.
     """
 
     def __init__(self, num_features: int, sync: str = "none", sync_group: int = 0,
-                 eps: float = 1e-5, momentum: float = 0.1):
-        super().__init__(num_features, eps=eps, momentum=momentum)
+                 eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, device=None, dtype=None, *,
+                 bias: bool = True):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats,
+                         device=device, dtype=dtype, bias=bias)
         assert sync in SYNC_MODES, sync
         self.sync, self.sync_group = sync, sync_group
         self.sim_world = 1
+        self.reverts_to: type[_BatchNorm] = nn.BatchNorm2d  # the class `revert` gives back
+
+    def _check_input_dim(self, x: torch.Tensor) -> None:
+        _check_dims(x)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", sync={self.sync}, sync_group={self.sync_group}"
+
+    def _ema_factor(self) -> float:
+        """Counts this batch and returns its weight in the running statistics, as torch does
+        (momentum None: the cumulative average)."""
+        self.num_batches_tracked.add_(1)
+        if self.momentum is None:
+            return 1.0 / float(self.num_batches_tracked)
+        return self.momentum
 
     # -- simulation -------------------------------------------------------------------------
 
     def simulate(self, world: int) -> None:
         """Stand in for `world` ranks: one set of running statistics per simulated rank."""
         self.sim_world = world
-        self.register_buffer("sim_running_mean", self.running_mean.repeat(world))
-        self.register_buffer("sim_running_var", self.running_var.repeat(world))
+        if self.track_running_stats:
+            self.register_buffer("sim_running_mean", self.running_mean.repeat(world))
+            self.register_buffer("sim_running_var", self.running_var.repeat(world))
 
     def rank_stats(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Running (mean, var) of one simulated rank."""
@@ -83,12 +118,15 @@ class RankBatchNorm2d(nn.BatchNorm2d):
         w, c = self.sim_world, self.num_features
         if x.shape[0] % w:
             raise BnlabError(f"a simulated batch of {x.shape[0]} does not split into {w} ranks.")
+        if not self.track_running_stats:
+            raise BnlabError("the simulation of ranks needs BN layers that track running "
+                             "statistics (track_running_stats=True).")
         k = self.group_size(w)
         g, b, rest = w // k, x.shape[0] // w, x.shape[2:]
         rm, rv = self.sim_running_mean.view(w, c), self.sim_running_var.view(w, c)
-        self.num_batches_tracked.add_(1)
+        factor = self._ema_factor()
         if self.sync == "naive":
-            y = self._naive_simulated(x, w, k, rm, rv)
+            y = self._naive_simulated(x, w, k, rm, rv, factor)
         else:
             # Groups of k consecutive ranks share statistics: lay the G groups side by side
             # as G*C channels and let one BN kernel normalize each group on its own.
@@ -96,7 +134,7 @@ class RankBatchNorm2d(nn.BatchNorm2d):
             grm, grv = rm[::k].reshape(-1).clone(), rv[::k].reshape(-1).clone()
             weight = self.weight.repeat(g) if self.weight is not None else None
             bias = self.bias.repeat(g) if self.bias is not None else None
-            ys = F.batch_norm(xs, grm, grv, weight, bias, True, self.momentum, self.eps)
+            ys = F.batch_norm(xs, grm, grv, weight, bias, True, factor, self.eps)
             y = ys.view(k * b, g, c, *rest).transpose(0, 1).reshape(x.shape)
             rm.view(g, k, c).copy_(grm.view(g, 1, c).expand(g, k, c))
             rv.view(g, k, c).copy_(grv.view(g, 1, c).expand(g, k, c))
@@ -104,7 +142,7 @@ class RankBatchNorm2d(nn.BatchNorm2d):
         self.running_var.copy_(rv[0])
         return y
 
-    def _naive_simulated(self, x, w, k, rm, rv) -> torch.Tensor:
+    def _naive_simulated(self, x, w, k, rm, rv, factor) -> torch.Tensor:
         c, g = self.num_features, w // k
         xs = acc(x).view(w, x.shape[0] // w, c, -1)  # (rank, sample, channel, pixels)
         mean_r = xs.mean((1, 3))
@@ -113,31 +151,32 @@ class RankBatchNorm2d(nn.BatchNorm2d):
         gm = mean_r.view(g, k, c).mean(1).repeat_interleave(k, 0)  # (w, c): each rank's group
         gv = var_r.view(g, k, c).mean(1).repeat_interleave(k, 0)
         with torch.no_grad():
-            m = self.momentum
-            rm.mul_(1 - m).add_(gm, alpha=m)
-            rv.mul_(1 - m).add_(gv * n / max(n - 1, 1), alpha=m)
+            rm.mul_(1 - factor).add_(gm, alpha=factor)
+            rv.mul_(1 - factor).add_(gv * n / max(n - 1, 1), alpha=factor)
         xhat = (xs - gm[:, None, :, None]) * torch.rsqrt(gv + self.eps)[:, None, :, None]
         if self.weight is not None:
-            xhat = xhat * self.weight.to(xs.dtype)[:, None] + self.bias.to(xs.dtype)[:, None]
+            xhat = xhat * self.weight.to(xs.dtype)[:, None]
+        if self.bias is not None:
+            xhat = xhat + self.bias.to(xs.dtype)[:, None]
         return xhat.reshape(x.shape).to(x.dtype)
 
     # -- forward ------------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training:
-            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
-                                False, 0.0, self.eps)
+        if not self.training:  # running statistics, or the batch's own where none are kept
+            return super().forward(x)
         if self.sim_world > 1:
             return self._forward_simulated(x)
         if self.sync == "none" or not (dist.is_initialized() and dist.get_world_size() > 1):
             return super().forward(x)
+        _check_dims(x)
         group = sync_group(self.group_size(dist.get_world_size()))
         if self.sync == "exact":
             return sync_batch_norm(x, self, group)
         return naive_sync_batch_norm(x, self, group)
 
 
-class FrozenBatchNorm2d(RankBatchNorm2d):
+class FrozenBatchNorm(RankBatchNorm):
     """BN that stays in eval mode while the model trains (claim C6's diagnostic).
 
     Running statistics are used and not updated; the affine parameters still train. With
@@ -148,40 +187,92 @@ class FrozenBatchNorm2d(RankBatchNorm2d):
         super().__init__(num_features, **kw)
         self.freeze_after = freeze_after
         self.frozen = freeze_after == 0
+        self.mode_asked = True  # the model's train/eval flag, which `revert` gives back
 
     def train(self, mode: bool = True):
+        self.mode_asked = mode
         return super().train(mode and not self.frozen)
 
 
 def set_epoch(model: nn.Module, epoch: int) -> None:
-    """Freeze FrozenBatchNorm2d layers once `epoch` (0-based) reaches their freeze_after."""
+    """Freeze FrozenBatchNorm layers once `epoch` (0-based) reaches their freeze_after."""
     for m in model.modules():
-        if isinstance(m, FrozenBatchNorm2d):
+        if isinstance(m, FrozenBatchNorm):
             m.frozen = epoch >= m.freeze_after
             m.train(m.training)
 
 
 # ----------------------------------------------------------------------------------------
-# Registry
+# Registry: each entry builds the new layer from the BN layer it replaces, keeping its state.
+
+_KEEP = object()  # an option left out: the converted layer keeps the BN layer's own value
 
 
-def _bn(bn, name, eps=1e-5, momentum=0.1):
-    return RankBatchNorm2d(bn.num_features, "none", eps=eps, momentum=momentum)
+def _factory(bn: nn.Module) -> dict:
+    """The device and dtype of a layer's tensors (None for a layer without any)."""
+    t = next(itertools.chain(bn.parameters(), bn.buffers()), None)
+    return {"device": t.device if t is not None else None,
+            "dtype": t.dtype if t is not None and t.is_floating_point() else None}
 
 
-def _syncbn(bn, name, eps=1e-5, momentum=0.1, sync_group=0):
-    return RankBatchNorm2d(bn.num_features, "exact", sync_group, eps, momentum)
+def _carry(src: nn.Module, dst: nn.Module, names: Iterable[str]) -> nn.Module:
+    """Copy the named tensors (values and requires_grad) and the train/eval flag."""
+    with torch.no_grad():
+        for name in names:
+            s, d = getattr(src, name, None), getattr(dst, name, None)
+            if s is None or d is None:
+                continue
+            d.copy_(s)
+            if isinstance(d, nn.Parameter):
+                d.requires_grad_(s.requires_grad)
+    dst.train(getattr(src, "mode_asked", src.training))
+    return dst
 
 
-def _syncbn_naive(bn, name, eps=1e-5, momentum=0.1, sync_group=0):
-    return RankBatchNorm2d(bn.num_features, "naive", sync_group, eps, momentum)
+BN_STATE = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+_PLAIN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 
-def _frozen_bn(bn, name, eps=1e-5, momentum=0.1, freeze_after=0):
-    return FrozenBatchNorm2d(bn.num_features, freeze_after, eps=eps, momentum=momentum)
+def _reverts_to(bn: _BatchNorm) -> type[_BatchNorm]:
+    if isinstance(bn, RankBatchNorm):
+        return bn.reverts_to
+    return next((c for c in _PLAIN if isinstance(bn, c)), BatchNormXd)
 
 
-def _gn(bn, name, groups=32, cap_groups=False, eps=1e-5):
+def _batch_stat_layer(cls, bn: _BatchNorm, eps, momentum, **kw) -> RankBatchNorm:
+    layer = cls(bn.num_features, eps=bn.eps if eps is _KEEP else eps,
+                momentum=bn.momentum if momentum is _KEEP else momentum, affine=bn.affine,
+                track_running_stats=bn.track_running_stats, bias=bn.bias is not None, **kw,
+                **_factory(bn))
+    layer.reverts_to = _reverts_to(bn)
+    return _carry(bn, layer, BN_STATE)
+
+
+def _bn(bn, name, eps=_KEEP, momentum=_KEEP):
+    return _batch_stat_layer(RankBatchNorm, bn, eps, momentum, sync="none")
+
+
+def _syncbn(bn, name, eps=_KEEP, momentum=_KEEP, sync_group=0):
+    return _batch_stat_layer(RankBatchNorm, bn, eps, momentum, sync="exact",
+                             sync_group=sync_group)
+
+
+def _syncbn_naive(bn, name, eps=_KEEP, momentum=_KEEP, sync_group=0):
+    return _batch_stat_layer(RankBatchNorm, bn, eps, momentum, sync="naive",
+                             sync_group=sync_group)
+
+
+def _frozen_bn(bn, name, eps=_KEEP, momentum=_KEEP, freeze_after=0):
+    return _batch_stat_layer(FrozenBatchNorm, bn, eps, momentum, freeze_after=freeze_after)
+
+
+def _group_norm(bn, groups: int, eps) -> nn.GroupNorm:
+    gn = nn.GroupNorm(groups, bn.num_features, eps=bn.eps if eps is _KEEP else eps,
+                      affine=bn.affine, bias=bn.bias is not None, **_factory(bn))
+    return _carry(bn, gn, ("weight", "bias"))  # BN's per-channel affine is GN's
+
+
+def _gn(bn, name, groups=32, cap_groups=False, eps=_KEEP):
     c = bn.num_features
     g = min(groups, c) if cap_groups else groups
     if c % g:
@@ -189,11 +280,11 @@ def _gn(bn, name, groups=32, cap_groups=False, eps=1e-5):
             f"norm.groups={groups} does not divide the {c} channels of layer '{name}'; "
             f"choose a divisor of every layer's channels or set norm.cap_groups=true."
         )
-    return nn.GroupNorm(g, c, eps=eps)
+    return _group_norm(bn, g, eps)
 
 
-def _ln(bn, name, eps=1e-5):
-    return nn.GroupNorm(1, bn.num_features, eps=eps)
+def _ln(bn, name, eps=_KEEP):
+    return _group_norm(bn, 1, eps)
 
 
 NORMS: dict[str, Callable[..., nn.Module]] = {
@@ -206,27 +297,101 @@ NORMS: dict[str, Callable[..., nn.Module]] = {
 }
 BATCH_STAT_KINDS = ("bn", "syncbn", "syncbn_naive", "frozen_bn")
 
+# Layers whose forward is known: a BN subclass with another forward, or with child modules
+# (timm's BatchNormAct2d: BN + activation), would lose that behaviour if rebuilt.
+_KNOWN_FORWARDS = {c.forward for c in (*_PLAIN, nn.SyncBatchNorm, BatchNormXd, RankBatchNorm)}
 
-def convert_norm(model: nn.Module, kind: str, **opts) -> nn.Module:
-    """Replace every BatchNorm2d of `model` (in place) by the normalization `kind`."""
+
+def _refuse_unknown(bn: _BatchNorm, name: str) -> None:
+    what = None
+    if isinstance(bn, nn.modules.lazy.LazyModuleMixin) and bn.has_uninitialized_params():
+        raise BnlabError(f"layer '{name}' is a lazy BatchNorm that has not seen an input yet; "
+                         f"run one forward pass first, then convert.")
+    if type(bn).forward not in _KNOWN_FORWARDS:
+        what = "its own forward"
+    elif any(True for _ in bn.children()):
+        what = "child modules"
+    if what:
+        raise BnlabError(
+            f"layer '{name}' is a {type(bn).__name__}, a BatchNorm subclass with {what} that "
+            f"converting would drop; pass skip=['{name}'] to leave it as it is, or replace it "
+            f"by a plain BatchNorm (and its extra parts as their own modules) first."
+        )
+
+
+def _refuse_ddp(model: nn.Module, what: str) -> None:
     if isinstance(model, DistributedDataParallel):
         raise BnlabError(
-            "convert_norm was called on a model already wrapped in DistributedDataParallel; "
-            "convert the bare model first, then wrap it (DDP must see the final layers)."
+            f"{what} was called on a model already wrapped in DistributedDataParallel; "
+            f"call it on the bare model (DDP must see the final layers), then wrap it."
         )
+
+
+def _swap(model: nn.Module, pick: Callable[[nn.Module, str], nn.Module | None]) -> nn.Module:
+    """Replace, depth first, every module for which `pick` returns a new one."""
+    def visit(module: nn.Module, name: str) -> nn.Module:
+        new = pick(module, name)
+        if new is not None:
+            return new
+        for child_name, child in list(module.named_children()):
+            new_child = visit(child, f"{name}.{child_name}" if name else child_name)
+            if new_child is not child:
+                setattr(module, child_name, new_child)
+        return module
+    return visit(model, "")
+
+
+def convert(model: nn.Module, kind: str, *, skip: Iterable[str] = (), **opts) -> nn.Module:
+    """Replace every BatchNorm of `model` (in place) by `kind`, keeping each layer's state.
+
+    `opts` are the kind's options (`sync_group`, `groups`, `cap_groups`, `freeze_after`);
+    `eps` or `momentum`, when given, replace the layers' own. `skip` names layers to leave as
+    they are. InstanceNorm and other norms are left alone. Returns the model (a new module
+    only when `model` is itself a BatchNorm layer).
+    """
+    _refuse_ddp(model, "convert")
     if kind not in NORMS:
         raise BnlabError(f"norm.kind='{kind}' is unknown; choose one of {sorted(NORMS)}.")
+    skip = set(skip)
+    names = {n for n, _ in model.named_modules()}
+    if skip - names:
+        raise BnlabError(f"skip names {sorted(skip - names)}, which the model does not have; "
+                         f"name layers as model.named_modules() does.")
     make = NORMS[kind]
-    for parent_name, parent in list(model.named_modules()):
-        for child_name, child in list(parent.named_children()):
-            if type(child) is nn.BatchNorm2d:
-                full = f"{parent_name}.{child_name}".lstrip(".")
-                try:
-                    setattr(parent, child_name, make(child, full, **opts))
-                except TypeError as e:
-                    raise BnlabError(f"norm={kind} got an option it does not take ({e}).") \
-                        from None
-    return model
+
+    def pick(module: nn.Module, name: str) -> nn.Module | None:
+        if not isinstance(module, _BatchNorm):
+            return None
+        if name in skip:
+            return module
+        _refuse_unknown(module, name or type(module).__name__)
+        try:
+            return make(module, name, **opts)
+        except TypeError as e:
+            raise BnlabError(f"norm={kind} got an option it does not take ({e}).") from None
+
+    return _swap(model, pick)
+
+
+def revert(model: nn.Module) -> nn.Module:
+    """Give back plain torch BatchNorm (1d, 2d or 3d as converted; BatchNormXd for torch's
+    SyncBatchNorm) for every bnlab BN layer and torch SyncBatchNorm, state included.
+
+    GroupNorm and LayerNorm keep no batch statistics, so a model converted to gn or ln stays
+    as it is. A simulated model gives back rank 0's running statistics.
+    """
+    _refuse_ddp(model, "revert")
+
+    def pick(module: nn.Module, name: str) -> nn.Module | None:
+        if not isinstance(module, (RankBatchNorm, nn.SyncBatchNorm)):
+            return None
+        cls = _reverts_to(module)
+        plain = cls(module.num_features, module.eps, module.momentum, module.affine,
+                    module.track_running_stats, bias=module.bias is not None,
+                    **_factory(module))
+        return _carry(module, plain, BN_STATE)
+
+    return _swap(model, pick)
 
 
 def bn_value_counts(model: nn.Module, batch_per_gpu: int, image_shape=(3, 32, 32)) -> dict:

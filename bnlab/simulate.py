@@ -1,7 +1,7 @@
 """One process standing in for W data-parallel ranks, with DDP's exact semantics.
 
 The global micro-batch (already layout-independent, see bnlab.data) holds the W ranks'
-chunks in rank order. BN layers (RankBatchNorm2d) split it: `bn` normalizes each chunk on
+chunks in rank order. BN layers (RankBatchNorm) split it: `bn` normalizes each chunk on
 its own, `syncbn` the union of its sync group, `syncbn_naive` mixes chunk statistics the
 flawed way; GroupNorm, LayerNorm and frozen BN do not depend on the batch. The loss is the
 mean over all W x b samples, which equals DDP's mean over ranks of per-rank means, so the
@@ -21,7 +21,7 @@ import contextlib
 import torch
 import torch.nn as nn
 
-from bnlab.norms import RankBatchNorm2d
+from bnlab.norms import RankBatchNorm
 
 
 class SimulatedDDP(nn.Module):
@@ -30,7 +30,7 @@ class SimulatedDDP(nn.Module):
     def __init__(self, module: nn.Module, world: int, forward_sync_buffers: bool = True):
         super().__init__()
         self.module, self.world, self.forward_sync_buffers = module, world, forward_sync_buffers
-        self.bns = [m for m in module.modules() if isinstance(m, RankBatchNorm2d)]
+        self.bns = [m for m in module.modules() if isinstance(m, RankBatchNorm)]
         for m in self.bns:
             m.simulate(world)
         # As in DDP: buffers are synced before a forward iff the previous forward was not
@@ -59,7 +59,7 @@ class SimulatedDDP(nn.Module):
         """Simulated rank `rank`'s running statistics, named as in the bare model."""
         out = {}
         for name, m in self.module.named_modules():
-            if isinstance(m, RankBatchNorm2d):
+            if isinstance(m, RankBatchNorm):
                 mean, var = m.rank_stats(rank)
                 out[f"{name}.running_mean"], out[f"{name}.running_var"] = mean, var
         return out

@@ -4,7 +4,8 @@ Exact: each rank sends (count, mean, M2) per channel in one all_gather; the stat
 the union are merged by count (Chan et al.), which stays accurate where sum / sum-of-squares
 in fp32 would cancel. Backward sends the two per-channel gradient sums in one all_reduce.
 Everything is computed in fp32 whatever the input dtype (as torch's BN does under autocast),
-works on CPU/gloo and CUDA/NCCL, and handles unequal batches and ranks with no samples.
+works on CPU/gloo and CUDA/NCCL, and handles unequal batches and ranks with no samples (all of
+them too: an empty output, as torch's SyncBatchNorm gives).
 
 Naive (wrong on purpose, `syncbn_naive`): all-reduce each rank's mean and biased variance and
 divide by the number of ranks. Its variance misses the spread of the per-rank means:
@@ -90,14 +91,23 @@ class _SyncBatchNorm(torch.autograd.Function):
         dist.all_gather(gathered, packed, group=group)
         g = torch.stack(gathered)
         c = x.shape[1]
-        total, gmean, gm2 = merge_moments(g[:, 0], g[:, 1:c + 1], g[:, c + 1:])
-        if total <= 1:
-            raise BnlabError(
-                f"SyncBN got {int(total)} value per channel over all ranks; it needs more than 1."
-            )
-        gmean, var = gmean.to(xf.dtype), (gm2 / total).to(xf.dtype)
-        with torch.no_grad():
-            update_running(bn, gmean, (gm2 / (total - 1)).to(xf.dtype))
+        total = g[:, 0].sum()
+        if total == 0:
+            # No sample on any rank: as torch's SyncBatchNorm (pytorch/pytorch#36530), an empty
+            # output, zero gradients for weight and bias, running statistics left as they are
+            # (the batch is still counted in num_batches_tracked, as torch's module counts it).
+            if bn.track_running_stats:
+                bn.num_batches_tracked.add_(1)
+            gmean, var, total = xf.new_zeros(c), xf.new_ones(c), total.new_tensor(1.0)
+        else:
+            if total == 1:
+                raise BnlabError(
+                    "SyncBN got 1 value per channel over all ranks; it needs more than 1."
+                )
+            total, gmean, gm2 = merge_moments(g[:, 0], g[:, 1:c + 1], g[:, c + 1:])
+            gmean, var = gmean.to(xf.dtype), (gm2 / total).to(xf.dtype)
+            with torch.no_grad():
+                update_running(bn, gmean, (gm2 / (total - 1)).to(xf.dtype))
         invstd = torch.rsqrt(var + bn.eps)
         xhat = (xf - gmean.view(_shape(x))) * invstd.view(_shape(x))
         y = _affine(xhat, bn)
@@ -133,10 +143,12 @@ def sync_batch_norm(x, bn, group):
 
 
 def _affine(xhat: torch.Tensor, bn) -> torch.Tensor:
-    if bn.weight is None:
-        return xhat
     s = _shape(xhat)
-    return xhat * bn.weight.to(xhat.dtype).view(s) + bn.bias.to(xhat.dtype).view(s)
+    if bn.weight is not None:
+        xhat = xhat * bn.weight.to(xhat.dtype).view(s)
+    if bn.bias is not None:
+        xhat = xhat + bn.bias.to(xhat.dtype).view(s)
+    return xhat
 
 
 class _AllReduceSum(torch.autograd.Function):

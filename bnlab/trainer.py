@@ -25,7 +25,7 @@ from bnlab.diagnostics import GapProbe, divergence, rank_running_stats, train_mo
 from bnlab.errors import BnlabError
 from bnlab.metrics import PREDICTIONS, Meter, MetricsLogger, PredictionLog
 from bnlab.models import build_model
-from bnlab.norms import convert_norm, set_epoch
+from bnlab.norms import convert, set_epoch
 from bnlab.optim import build_optimizer
 from bnlab.precise_bn import recalibrate
 from bnlab.preempt import StopRequest
@@ -39,7 +39,7 @@ def build_net(cfg: dict) -> nn.Module:
     torch.manual_seed(cfg["seed"])  # same initial weights on every rank and every layout
     model = build_model(cfg["model"]["name"])
     norm = {k: v for k, v in cfg["norm"].items() if k != "kind"}
-    return convert_norm(model, cfg["norm"]["kind"], **norm)
+    return convert(model, cfg["norm"]["kind"], **norm)
 
 
 def train_loader(cfg: dict, data: Dataset, env: dist.DistEnv) -> TrainLoader:

@@ -14,7 +14,7 @@ from bnlab.diagnostics import GapProbe, at_risk, divergence, rank_running_stats
 from bnlab.diagnostics import train_mode_accuracy as tm_acc
 from bnlab.jitter import MISSING
 from bnlab.models import build_model
-from bnlab.norms import bn_value_counts, convert_norm
+from bnlab.norms import bn_value_counts, convert
 from conftest import SMOKE, needs_cifar, run_dirs, run_entry
 
 
@@ -32,7 +32,7 @@ def test_divergence_is_relative_to_rank0():
 
 def _gather_worker() -> list:
     env = dist.init("cpu", "gloo", threads=1)
-    model = convert_norm(build_model("resnet20"), "bn")
+    model = convert(build_model("resnet20"), "bn")
     for m in model.modules():
         if hasattr(m, "running_mean"):
             m.running_mean.fill_(env.rank + 1.0)
@@ -54,7 +54,7 @@ def test_rank_running_stats_gathers_every_rank():
 
 def test_gap_probe_compares_batch_and_running_statistics():
     torch.manual_seed(0)
-    model = convert_norm(build_model("resnet20"), "bn")
+    model = convert(build_model("resnet20"), "bn")
     model.train()
     x = torch.randn(4, 3, 32, 32) * 3 + 2
     with GapProbe(model) as probe:
@@ -71,7 +71,7 @@ def test_train_mode_accuracy_leaves_the_model_alone():
 
     train, val = make_synthetic(num_train=16, num_val=40)
     data = Dataset(train, val, (0.5,) * 3, (0.25,) * 3)
-    model = convert_norm(build_model("resnet20"), "bn").eval()
+    model = convert(build_model("resnet20"), "bn").eval()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     env = dist.DistEnv(0, 1, 0, torch.device("cpu"), None)
     res = tm_acc(model, data, val, env, 8)
@@ -86,7 +86,7 @@ def test_train_mode_accuracy_in_one_pass_equals_one_batch_at_a_time():
 
     train, val = make_synthetic(num_train=16, num_val=43)
     data = Dataset(train, val, (0.5,) * 3, (0.25,) * 3)
-    model = convert_norm(build_model("resnet20"), "bn")
+    model = convert(build_model("resnet20"), "bn")
     model.train()
     for _ in range(3):  # running statistics that differ from any batch's
         model(torch.randn(8, 3, 32, 32) * 2 + 1)

@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from bnlab import dist
 from bnlab.metrics import Meter
 from bnlab.models import build_model
-from bnlab.norms import convert_norm
+from bnlab.norms import convert
 from bnlab.trainer import train_step
 from conftest import ROOT
 
@@ -60,7 +60,7 @@ def _batch(n: int = 16):
 def _model(norm: str) -> torch.nn.Module:
     torch.manual_seed(0)
     opts = {"groups": 8, "cap_groups": True} if norm == "gn" else {}
-    model = convert_norm(build_model("resnet20"), norm, **opts)
+    model = convert(build_model("resnet20"), norm, **opts)
     if norm == "bn":  # warm the running statistics, then use them (eval mode): batch-independent
         with torch.no_grad():
             model(_batch(64)[0] * 0.5 + 0.1)

@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from bnlab import dist
 from bnlab.metrics import read_jsonl
-from bnlab.norms import convert_norm
+from bnlab.norms import convert
 from bnlab.precise_bn import recalibrate
 from conftest import SMOKE, needs_cifar, run_dirs, run_entry
 
@@ -21,7 +21,7 @@ def _model() -> nn.Module:
     m = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
                       nn.Conv2d(4, 5, 3, stride=2, padding=1), nn.BatchNorm2d(5), nn.ReLU(),
                       nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(5, 10))
-    return convert_norm(m, "bn")
+    return convert(m, "bn")
 
 
 def _images(n=64) -> torch.Tensor:

@@ -15,7 +15,7 @@ from bnlab.data import Dataset, TrainLoader, make_synthetic
 from bnlab.errors import BnlabError
 from bnlab.metrics import Meter
 from bnlab.models import MODELS, build_model
-from bnlab.norms import NORMS, convert_norm
+from bnlab.norms import NORMS, convert
 from bnlab.optim import build_optimizer
 from bnlab.trainer import build_net, train_step, wrap
 
@@ -105,7 +105,7 @@ def test_simulation_equals_real_ddp(world):
 def test_every_norm_converts_every_model_and_trains_a_step(kind, model_name):
     base = build_model(model_name)
     opts = {"groups": 8, "cap_groups": True} if kind == "gn" else {}
-    model = convert_norm(copy.deepcopy(base), kind, **opts)
+    model = convert(copy.deepcopy(base), kind, **opts)
     assert not any(type(m) is nn.BatchNorm2d for m in model.modules())
     # Every norm has a per-channel scale and shift, so the parameter count is unchanged.
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in base.parameters())
@@ -124,6 +124,6 @@ def test_converting_after_ddp_wrapping_is_refused(tmp_path):
     try:
         ddp = DistributedDataParallel(build_model("resnet20"))
         with pytest.raises(BnlabError, match="already wrapped in DistributedDataParallel"):
-            convert_norm(ddp, "syncbn")
+            convert(ddp, "syncbn")
     finally:
         torch.distributed.destroy_process_group()

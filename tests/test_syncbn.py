@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from bnlab import dist
-from bnlab.norms import RankBatchNorm2d
+from bnlab.norms import RankBatchNorm
 
 C = 5
 
@@ -40,7 +40,7 @@ def _np(d: dict) -> dict:
 
 def _sync_worker(sizes, sync, group, momentum, dtype=None):
     env = dist.init("cpu", "gloo", threads=1)
-    bn = RankBatchNorm2d(C, sync, group, momentum=momentum)
+    bn = RankBatchNorm(C, sync, group, momentum=momentum)
     _affine(bn)
     x, gy = _global_batch(sizes)
     x = _chunk(x, sizes, env.rank).clone().requires_grad_(True)
@@ -76,8 +76,8 @@ def _close(a, b, what):
                                rtol=1e-5, atol=1e-5, err_msg=what)
 
 
-@pytest.mark.parametrize("sizes", [[4, 4], [3, 1, 5, 2], [3, 0, 4, 2]],
-                         ids=["equal-2", "unequal-4", "empty-rank-4"])
+@pytest.mark.parametrize("sizes", [[4, 4], [3, 1, 5, 2], [3, 0, 4, 2], [0, 0]],
+                         ids=["equal-2", "unequal-4", "empty-rank-4", "all-empty-2"])
 def test_syncbn_equals_batchnorm_on_the_concatenated_batch(sizes):
     res = dist.launch_local(_sync_worker, len(sizes), sizes, "exact", 0, 0.1)
     bn, x, y, y_eval = _reference(sizes)

@@ -44,7 +44,7 @@ def _convert_worker(mode: str) -> dict:
     from bnlab import dist
     from bnlab.errors import BnlabError
     from bnlab.models import build_model
-    from bnlab.norms import convert_norm
+    from bnlab.norms import convert
 
     warnings.filterwarnings("ignore")
     env = dist.init("cpu", "gloo", timeout_s=60)
@@ -54,17 +54,17 @@ def _convert_worker(mode: str) -> dict:
     if mode == "bnlab":  # bnlab's API on the wrapped model
         ddp = DDP(model)
         try:
-            convert_norm(ddp, "syncbn")
+            convert(ddp, "syncbn")
             out["refused"] = None
         except BnlabError as e:
             out["refused"] = str(e)
         dist.teardown()
         return out
     if mode == "before":
-        ddp = DDP(convert_norm(model, "syncbn"))
+        ddp = DDP(convert(model, "syncbn"))
     else:
         ddp = DDP(model, find_unused_parameters=mode == "after, find_unused_parameters")
-        convert_norm(ddp.module, "syncbn")
+        convert(ddp.module, "syncbn")
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     g = torch.Generator().manual_seed(env.rank)
     done = 0  # steps finished
@@ -209,7 +209,7 @@ def table(res: dict) -> str:
         ("", "convert `ddp.module` after `DDP(model)`", _run(c["after"]), ""),
         ("", "the same, with `find_unused_parameters=True` (the error's advice)",
          _run(c["after, find_unused_parameters"]), ""),
-        ("", "`convert_norm(ddp_model, 'syncbn')`", "", "refused: `" + str(
+        ("", "`convert(ddp_model, 'syncbn')`", "", "refused: `" + str(
             c["bnlab"]["refused"]) + "`"),
         ("every process started as rank 0", "2 processes, `RANK=0 WORLD_SIZE=2`, "
          "`init_process_group`", _procs(z["torch alone"]), ""),
@@ -257,7 +257,7 @@ def verdict(res: dict) -> Verdict:
             "BN weights outside DDP's gradient sync, so each rank drifts to its own BN "
             "weights: a silent harm, shown here in parameters, not in accuracy. Starting "
             "every process as rank 0 cannot train at all: no process group forms. bnlab "
-            "refuses the first through `convert_norm` and turns the second into one sentence.")
+            "refuses the first through `convert` and turns the second into one sentence.")
     else:
         v, why = "not reproduced", "neither mistake trains silently here."
     return Verdict("C11", "make table-pitfalls", "worse SyncBN results than plain DDP", ours,

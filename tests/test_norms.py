@@ -1,0 +1,253 @@
+"""`convert` and `revert` on models users have: state kept, same function, torch's choices."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torchvision
+from torch.nn.modules.batchnorm import _BatchNorm
+
+import bnlab
+from bnlab.errors import BnlabError
+from bnlab.norms import BATCH_STAT_KINDS, BatchNormXd, FrozenBatchNorm, RankBatchNorm
+
+STATE_KINDS = [k for k in BATCH_STAT_KINDS if k != "frozen_bn"]  # train like BN on one rank
+
+
+def _trained(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Give every BN layer state that a fresh layer does not have, as training would."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for i, m in enumerate(m for m in model.modules() if isinstance(m, _BatchNorm)):
+            c = m.num_features
+            m.running_mean.copy_(torch.randn(c, generator=g))
+            m.running_var.copy_(torch.rand(c, generator=g) + 0.5)
+            m.num_batches_tracked.fill_(100 + i)
+            if m.affine:
+                m.weight.copy_(torch.rand(c, generator=g) + 0.5)
+                m.bias.copy_(torch.randn(c, generator=g))
+                m.bias.requires_grad_(i % 2 == 0)  # a partly frozen model
+            m.momentum = None if i % 3 == 0 else 0.01 * (i % 7 + 1)
+            m.eps = 1e-3 if i % 2 else 1e-5
+    return model
+
+
+class Head1d(nn.Module):
+    """A conv trunk and a BatchNorm1d head, as many classifiers and projection heads have."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(),
+                                   nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 4))
+
+    def forward(self, x):
+        return self.head(self.trunk(x))
+
+
+MODELS = {
+    "resnet50": (lambda: torchvision.models.resnet50(num_classes=10), (4, 3, 64, 64)),
+    "mobilenet_v3_small": (lambda: torchvision.models.mobilenet_v3_small(num_classes=10),
+                           (4, 3, 64, 64)),
+    "r3d_18": (lambda: torchvision.models.video.r3d_18(num_classes=10), (2, 3, 4, 32, 32)),
+    "head1d": (Head1d, (6, 3, 10, 10)),
+}
+
+
+def _bns(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if isinstance(m, _BatchNorm)]
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def original(request):
+    make, shape = MODELS[request.param]
+    torch.manual_seed(0)
+    return _trained(make()), torch.randn(shape)
+
+
+@pytest.mark.parametrize("kind", BATCH_STAT_KINDS)
+def test_converted_model_computes_the_same_function_in_eval_mode(original, kind):
+    model, x = original
+    ref = copy.deepcopy(model).eval()
+    conv = bnlab.convert(copy.deepcopy(model).eval(), kind)
+    assert all(isinstance(m, RankBatchNorm) for m in _bns(conv))
+    with torch.no_grad():
+        torch.testing.assert_close(conv(x), ref(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", STATE_KINDS)
+def test_converted_model_trains_as_the_original_on_one_rank(original, kind):
+    model, x = original
+    ref = copy.deepcopy(model).train()
+    conv = bnlab.convert(copy.deepcopy(model).train(), kind)
+    torch.manual_seed(1)  # dropout draws the same masks in both
+    y = conv(x)
+    torch.manual_seed(1)
+    torch.testing.assert_close(y, ref(x), rtol=0, atol=0)
+    # the same update of running statistics, momentum None (cumulative average) included
+    for a, b in zip(_bns(conv), _bns(ref), strict=True):
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", BATCH_STAT_KINDS)
+def test_revert_of_convert_restores_the_state_dict_and_the_classes(original, kind):
+    model, _ = original
+    before = copy.deepcopy(model)
+    back = bnlab.revert(bnlab.convert(copy.deepcopy(model), kind))
+    a, b = back.state_dict(), before.state_dict()
+    assert list(a) == list(b)
+    for k in b:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    for m, o in zip(back.modules(), before.modules(), strict=True):
+        assert type(m) is type(o)
+        if isinstance(o, _BatchNorm):
+            assert (m.eps, m.momentum, m.affine, m.track_running_stats, m.training) == \
+                (o.eps, o.momentum, o.affine, o.track_running_stats, o.training)
+            assert [p.requires_grad for p in m.parameters()] == \
+                [p.requires_grad for p in o.parameters()]
+
+
+def test_syncbn_carries_what_torch_convert_sync_batchnorm_carries():
+    torch.manual_seed(0)
+    model = _trained(Head1d())
+    model.trunk.eval()  # a flag that differs between layers must survive too
+    ours = bnlab.convert(copy.deepcopy(model), "syncbn")
+    theirs = nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(model))
+    a, b = ours.state_dict(), theirs.state_dict()
+    assert list(a) == list(b)
+    for k in b:
+        assert torch.equal(a[k], b[k]), k
+    for m, t in zip(_bns(ours), _bns(theirs), strict=True):
+        assert isinstance(t, nn.SyncBatchNorm)
+        assert (m.eps, m.momentum, m.affine, m.track_running_stats, m.training) == \
+            (t.eps, t.momentum, t.affine, t.track_running_stats, t.training)
+        assert [p.requires_grad for p in m.parameters()] == \
+            [p.requires_grad for p in t.parameters()]
+
+
+def test_the_worked_example_keeps_state_flag_and_output():
+    """Conv2d, BatchNorm2d(momentum=None), BatchNorm1d; running mean 2, weight 3, eval mode."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, momentum=None), nn.Flatten(),
+                      nn.Linear(4 * 6 * 6, 5), nn.BatchNorm1d(5))
+    with torch.no_grad():
+        for bn in (m[1], m[4]):
+            bn.running_mean.fill_(2.0)
+            bn.weight.fill_(3.0)
+    m.eval()
+    x = torch.randn(4, 3, 8, 8)
+    with torch.no_grad():
+        y = m(x)
+        bnlab.convert(m, "syncbn")
+        assert isinstance(m[1], RankBatchNorm) and isinstance(m[4], RankBatchNorm)
+        assert m[1].momentum is None and not m[1].training and not m[4].training
+        assert torch.equal(m[1].running_mean, torch.full((4,), 2.0))
+        assert torch.equal(m[4].weight, torch.full((5,), 3.0))
+        assert torch.equal(m(x), y)
+        bnlab.revert(m)
+    assert type(m[1]) is nn.BatchNorm2d and type(m[4]) is nn.BatchNorm1d
+
+
+def test_group_and_layer_norm_take_the_affine_parameters():
+    torch.manual_seed(0)
+    model = _trained(Head1d())
+    gn = bnlab.convert(copy.deepcopy(model), "gn", groups=4)
+    ln = bnlab.convert(copy.deepcopy(model), "ln")
+    for conv in (gn, ln):
+        norms = [m for m in conv.modules() if isinstance(m, nn.GroupNorm)]
+        assert [n.num_groups for n in norms] == ([4, 4] if conv is gn else [1, 1])
+        for n, bn in zip(norms, _bns(model), strict=True):
+            assert torch.equal(n.weight, bn.weight) and torch.equal(n.bias, bn.bias)
+            assert n.eps == bn.eps and n.bias.requires_grad == bn.bias.requires_grad
+        conv.train()(torch.randn(3, 3, 10, 10))  # a (N, C) input works through GroupNorm
+    assert bnlab.revert(gn) is gn and not _bns(gn)  # no statistics to give back
+
+
+def test_layer_options_dtype_and_device_are_kept():
+    layers = [nn.BatchNorm2d(3, affine=False), nn.BatchNorm2d(3, track_running_stats=False),
+              nn.BatchNorm2d(3, bias=False), nn.BatchNorm3d(3, dtype=torch.float64)]
+    for bn in layers:
+        new = bnlab.convert(bn, "syncbn")  # a BN layer on its own: the new layer is returned
+        assert isinstance(new, RankBatchNorm)
+        assert (new.affine, new.track_running_stats, new.bias is None, new.running_mean is None) \
+            == (bn.affine, bn.track_running_stats, bn.bias is None, bn.running_mean is None)
+        assert all(t.dtype == bn.running_var.dtype for t in new.buffers()
+                   if t.is_floating_point()) if bn.running_var is not None else True
+        x = torch.randn(4, 3, *([2] * (3 if isinstance(bn, nn.BatchNorm3d) else 2)),
+                        dtype=torch.float64 if isinstance(bn, nn.BatchNorm3d) else None)
+        for mode in (True, False):
+            torch.testing.assert_close(new.train(mode)(x), bn.train(mode)(x), rtol=0, atol=0)
+        assert type(bnlab.revert(new)) is type(bn)
+
+
+def test_torch_syncbatchnorm_converts_and_reverts_to_any_rank_batchnorm():
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(_trained(Head1d()))
+    bnlab.revert(model)
+    assert [type(m) for m in _bns(model)] == [BatchNormXd, BatchNormXd]
+    model.eval()(torch.randn(2, 3, 10, 10))  # runs on CPU, 4d and 2d inputs alike
+    frozen = bnlab.convert(_trained(Head1d()), "frozen_bn")
+    assert all(isinstance(m, FrozenBatchNorm) and not m.training for m in _bns(frozen.train()))
+
+
+def test_instance_norm_is_left_alone():
+    m = nn.Sequential(nn.InstanceNorm2d(3, affine=True), nn.BatchNorm2d(3))
+    bnlab.convert(m, "syncbn")
+    assert type(m[0]) is nn.InstanceNorm2d and isinstance(m[1], RankBatchNorm)
+
+
+class BatchNormAct2d(nn.BatchNorm2d):
+    """A BN subclass with its own forward and a child module, as timm's."""
+
+    def __init__(self, c):
+        super().__init__(c)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return self.act(super().forward(x))
+
+
+class ChildOnly(nn.BatchNorm2d):
+    def __init__(self, c):
+        super().__init__(c)
+        self.drop = nn.Dropout(0.1)
+
+
+def test_a_subclass_with_its_own_forward_or_children_is_refused_by_name():
+    for layer, what in ((BatchNormAct2d(3), "its own forward"), (ChildOnly(3), "child modules")):
+        m = nn.Sequential(nn.Conv2d(3, 3, 1), layer, nn.BatchNorm2d(3))
+        with pytest.raises(BnlabError, match=f"layer '1' is a {type(layer).__name__}.*{what}"
+                                             r".*skip=\['1'\]"):
+            bnlab.convert(m, "syncbn")
+        assert isinstance(m[2], nn.BatchNorm2d) and type(m[2]) is nn.BatchNorm2d
+        bnlab.convert(m, "syncbn", skip=["1"])  # the way out the message names
+        assert m[1] is layer and isinstance(m[2], RankBatchNorm)
+
+
+class PlainSubclass(nn.BatchNorm2d):
+    pass
+
+
+def test_a_subclass_without_its_own_forward_converts():
+    m = nn.Sequential(PlainSubclass(3))
+    bnlab.convert(m, "bn")
+    assert isinstance(m[0], RankBatchNorm) and m[0].reverts_to is nn.BatchNorm2d
+
+
+def test_bad_calls_are_one_sentence():
+    m = nn.Sequential(nn.BatchNorm2d(3))
+    with pytest.raises(BnlabError, match="unknown; choose one of"):
+        bnlab.convert(m, "batchnorm")
+    with pytest.raises(BnlabError, match=r"skip names \['2'\], which the model does not have"):
+        bnlab.convert(m, "bn", skip=["2"])
+    with pytest.raises(BnlabError, match="got an option it does not take"):
+        bnlab.convert(m, "bn", groups=4)
+    with pytest.raises(BnlabError, match="does not divide the 3 channels of layer '0'"):
+        bnlab.convert(m, "gn", groups=2)
+    lazy = nn.Sequential(nn.LazyBatchNorm2d())
+    with pytest.raises(BnlabError, match="lazy BatchNorm that has not seen an input yet"):
+        bnlab.convert(lazy, "syncbn")
+    assert type(m[0]) is nn.BatchNorm2d  # nothing changed by a refused call
