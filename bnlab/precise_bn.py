@@ -13,11 +13,15 @@ Estimators:
   normalize with the PreciseBN batch's statistics.
 - `eval`: layer by layer in forward order, each layer measured on the activations it sees in
   eval mode, with the layers before it already recalibrated.
+
+`precise_bn(model, batches, ...)` is the entry point for any model and any loader; bnlab's
+trainer calls `recalibrate` with its own batches.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterable
 
 import torch
@@ -26,6 +30,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from tqdm import tqdm
 
 from bnlab import dist
+from bnlab.errors import BnlabError
 
 ESTIMATORS = ("train", "eval")
 POOLINGS = ("pooled", "averaged")
@@ -35,24 +40,37 @@ class _Stop(Exception):
     """Raised by a hook to end a forward pass once the layer of interest has been seen."""
 
 
-def bn_layers(model: nn.Module, image_shape=(3, 32, 32)) -> list[tuple[str, _BatchNorm]]:
-    """BN layers in the order the forward pass calls them."""
+def bn_layers(model: nn.Module, image_shape=(3, 32, 32),
+              sample: torch.Tensor | None = None) -> list[tuple[str, _BatchNorm]]:
+    """BN layers that keep running statistics, in the order one forward pass (in eval mode,
+    of `sample`, or of a zero image of `image_shape`) calls them. A layer called more than
+    once per pass is refused: its statistics would mix different inputs."""
     names = {m: n for n, m in model.named_modules()}
     order: list[_BatchNorm] = []
     hooks = [m.register_forward_pre_hook(lambda mod, inp: order.append(mod))
-             for m in names if isinstance(m, _BatchNorm)]
-    was_training = model.training
+             for m in names if isinstance(m, _BatchNorm) and m.running_mean is not None]
+    modes = {m: m.training for m in model.modules()}
     p = next(model.parameters())
+    if sample is None:
+        sample = torch.zeros(1, *image_shape, device=p.device, dtype=p.dtype)
     try:
         model.eval()
         with torch.no_grad():
-            model(torch.zeros(1, *image_shape, device=p.device, dtype=p.dtype))
+            model(sample)
     finally:
         for h in hooks:
             h.remove()
-        model.train(was_training)
-    seen = dict.fromkeys(order)  # a layer called twice keeps its first position
-    return [(names[m], m) for m in seen]
+        for m, mode in modes.items():
+            m.training = mode
+    calls = {m: order.count(m) for m in dict.fromkeys(order)}
+    for m, n in calls.items():
+        if n > 1:
+            raise BnlabError(
+                f"BN layer '{names[m]}' is called {n} times in one forward pass, so its running "
+                f"statistics serve different inputs; PreciseBN cannot measure it: give each "
+                f"call its own BN layer."
+            )
+    return [(names[m], m) for m in calls]
 
 
 class _Moments:
@@ -131,16 +149,24 @@ def set_running_stats(bn: _BatchNorm, mean: torch.Tensor, var: torch.Tensor) -> 
 @torch.no_grad()
 def recalibrate(model: nn.Module, batches: Callable[[], Iterable[torch.Tensor]],
                 estimator: str = "train", pooling: str = "pooled",
-                progress: bool = False) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+                progress: bool = False, sample: torch.Tensor | None = None
+                ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Replace every BN layer's running statistics by PreciseBN's; returns them by layer name.
 
-    `batches()` yields this rank's input batches (called once per pass). Parameters and
-    anything outside the BN running statistics are left untouched; the train/eval mode of
-    every module is restored.
+    `batches()` yields this rank's input batches (called once per pass); `sample` is one
+    input the model takes (default: a 32x32 image). Parameters and anything outside the BN
+    running statistics are left untouched (random draws, as dropout's, come from a forked
+    generator); the train/eval mode of every module is restored.
     """
     assert estimator in ESTIMATORS and pooling in POOLINGS, (estimator, pooling)
+    cuda = sorted({p.device.index or 0 for p in model.parameters() if p.is_cuda})
+    with torch.random.fork_rng(devices=cuda):
+        return _recalibrate(model, batches, estimator, pooling, progress, sample)
+
+
+def _recalibrate(model, batches, estimator, pooling, progress, sample):
     modes = {m: m.training for m in model.modules()}
-    layers = bn_layers(model)
+    layers = bn_layers(model, sample=sample)
     saved = {m: (m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone())
              for _, m in layers}
     out = {}
@@ -169,3 +195,76 @@ def recalibrate(model: nn.Module, batches: Callable[[], Iterable[torch.Tensor]],
         for m, mode in modes.items():
             m.training = mode
     return out
+
+
+# ----------------------------------------------------------------------------------------
+# The public entry point: any model, any iterable of batches
+
+
+def _model_input(batch):
+    """The model's input in a batch: a tensor, or the first item of a tuple or list."""
+    if torch.is_tensor(batch):
+        return batch
+    if isinstance(batch, (tuple, list)) and batch and torch.is_tensor(batch[0]):
+        return batch[0]
+    raise BnlabError(
+        f"a batch is a {type(batch).__name__}, which holds no tensor where PreciseBN looks "
+        f"(the batch itself, or its first item); pass input_fn, e.g. "
+        f"input_fn=lambda b: b['image'], to pick the model's input."
+    )
+
+
+def precise_bn(model: nn.Module, batches: Iterable, num_samples: int | None = 4096,
+               estimator: str = "train", pooling: str = "pooled",
+               input_fn: Callable | None = None, progress: bool = False
+               ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Recompute every BN layer's running statistics as population statistics of `model`.
+
+    `batches`: this rank's batches (tensors, tuples or lists whose first item is the input,
+    or anything with `input_fn` picking the input, e.g. dicts). Each rank reads at most
+    `num_samples` samples of its own batches (None: all of them); the per-channel sums are
+    reduced across ranks, so every rank ends with the statistics of the union. `estimator`:
+    "train" (one pass in train mode, as fvcore and pycls) or "eval" (layer by layer, reads the
+    batches once per layer: give a list or a DataLoader). `pooling`: "pooled" (E[x^2] - E[x]^2
+    over every sample) or "averaged" (the mean of per-batch variances, as
+    torch.optim.swa_utils.update_bn). Returns (mean, unbiased variance) per layer name.
+    Only BN running statistics change; every module's train/eval mode is restored.
+    """
+    if estimator not in ESTIMATORS:
+        raise BnlabError(f"estimator='{estimator}' is unknown; choose one of {ESTIMATORS}.")
+    if pooling not in POOLINGS:
+        raise BnlabError(f"pooling='{pooling}' is unknown; choose one of {POOLINGS}.")
+    if num_samples is not None and num_samples < 1:
+        raise BnlabError(f"num_samples={num_samples} reads nothing; give a positive count "
+                         f"or None for every batch.")
+    if estimator == "eval" and iter(batches) is batches:
+        raise BnlabError("the eval estimator reads the batches once per BN layer, and a "
+                         "generator or iterator can be read only once; pass a list or a "
+                         "DataLoader, or use estimator='train'.")
+    pick = input_fn or _model_input
+    if iter(batches) is batches:  # read once: keep the batch looked at first
+        head = next(batches, None)
+        rest = batches
+
+        def source():
+            return itertools.chain([head], rest) if head is not None else iter(())
+    else:
+        head = next(iter(batches), None)
+
+        def source():
+            return iter(batches)
+    if head is None:
+        raise BnlabError("batches gave no batch; PreciseBN needs at least one.")
+
+    def inputs() -> Iterable[torch.Tensor]:
+        left = num_samples
+        for batch in source():
+            x = pick(batch)
+            if left is not None:
+                x, left = x[:left], left - min(left, len(x))
+            if len(x):
+                yield x
+            if left == 0:
+                return
+
+    return recalibrate(model, inputs, estimator, pooling, progress, sample=pick(head)[:1])

@@ -9,7 +9,9 @@ import pytest
 import torch
 import torch.nn as nn
 
+import bnlab
 from bnlab import dist
+from bnlab.errors import BnlabError
 from bnlab.metrics import read_jsonl
 from bnlab.norms import convert
 from bnlab.precise_bn import recalibrate
@@ -130,3 +132,119 @@ def test_trainer_logs_precise_bn_next_to_val_acc(tmp_path):
     (row,) = [x for x in read_jsonl(d / "metrics.jsonl") if "val/acc_precise" in x]
     assert row["precise_bn/samples"] == 128 and row["time/precise_bn_s"] > 0
     assert json.loads((d / "status.json").read_text())["status"] == "completed"
+
+
+# ----------------------------------------------------------------------------------------
+# bnlab.precise_bn: any model, any iterable of batches
+
+
+class _Net(nn.Module):
+    """A conv BN trunk, dropout (random draws) and a BatchNorm1d head."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.trunk = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                                   nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Dropout(0.5))
+        self.head = nn.Sequential(nn.Linear(16, 6), nn.BatchNorm1d(6), nn.Linear(6, 3))
+
+    def forward(self, x):
+        return self.head(self.trunk(x))
+
+
+def _loader(x: torch.Tensor, batch: int):
+    data = torch.utils.data.TensorDataset(x, torch.zeros(len(x), dtype=torch.long))
+    return torch.utils.data.DataLoader(data, batch_size=batch)
+
+
+def test_precise_bn_on_tuples_equals_the_population_statistics_of_the_first_layer():
+    x = _images(96)
+    model = _Net()
+    stats = bnlab.precise_bn(model, _loader(x, 16), num_samples=80)  # 5 batches of 16
+    with torch.no_grad():
+        mean, var = _stats(model.trunk[0](x[:80]))
+    _close(stats["trunk.1"][0], mean, "mean")
+    _close(stats["trunk.1"][1], var, "var")
+    _close(model.trunk[1].running_var, var, "the layer holds them")
+    assert set(stats) == {"trunk.1", "head.1"}
+
+
+def test_dicts_need_input_fn_and_give_what_tensors_give():
+    x = _images(64)
+    dicts = [{"image": b, "label": 0} for b in x.split(8)]
+    with pytest.raises(BnlabError, match="a batch is a dict.*input_fn=lambda b: b\\['image'\\]"):
+        bnlab.precise_bn(_Net(), dicts)
+    a = bnlab.precise_bn(_Net(), dicts, input_fn=lambda b: b["image"], estimator="eval")
+    b = bnlab.precise_bn(_Net(), iter(x.split(8)))  # a one-shot iterator: train estimator
+    c = bnlab.precise_bn(_Net(), x.split(8), estimator="eval")
+    for name in a:
+        _close(a[name][1], c[name][1], f"{name}: dicts and tensors")
+    _close(b["trunk.1"][1], c["trunk.1"][1], "train and eval agree on the first layer")
+
+
+def test_averaged_pooling_equals_torch_swa_update_bn():
+    x = _images(64)
+    ours, theirs = _Net(), _Net()
+    for m in (ours, theirs):
+        m.trunk[5] = nn.Identity()  # no dropout: each draws its masks in its own order
+    bnlab.precise_bn(ours, _loader(x, 4), num_samples=None, pooling="averaged")
+    torch.optim.swa_utils.update_bn(_loader(x, 4), theirs)
+    for a, b in ((ours.trunk[1], theirs.trunk[1]), (ours.head[1], theirs.head[1])):
+        _close(a.running_mean, b.running_mean, "mean")
+        _close(a.running_var, b.running_var, "var")
+
+
+def test_only_bn_statistics_change_modes_and_random_state_kept():
+    model = _Net()
+    model.trunk.eval()  # mixed modes must come back as they were
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    modes = [m.training for m in model.modules()]
+    rng = torch.get_rng_state()
+    bnlab.precise_bn(model, _images(32).split(8))
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert [m.training for m in model.modules()] == modes
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed == {"trunk.1.running_mean", "trunk.1.running_var",
+                       "head.1.running_mean", "head.1.running_var"}
+
+
+class _Twice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3)
+
+    def forward(self, x):
+        return self.bn(self.conv(self.bn(x)))
+
+
+def test_bad_input_is_one_sentence():
+    x = _images(16)
+    with pytest.raises(BnlabError, match="BN layer 'bn' is called 2 times in one forward pass"):
+        bnlab.precise_bn(_Twice(), [x])
+    with pytest.raises(BnlabError, match="generator or iterator can be read only once"):
+        bnlab.precise_bn(_Net(), iter([x]), estimator="eval")
+    with pytest.raises(BnlabError, match="estimator='exact' is unknown"):
+        bnlab.precise_bn(_Net(), [x], estimator="exact")
+    with pytest.raises(BnlabError, match="gave no batch"):
+        bnlab.precise_bn(_Net(), [])
+
+
+def _public_worker(sizes) -> dict:
+    env = dist.init("cpu", "gloo", threads=1)
+    x = _images(sum(sizes))
+    share = x[sum(sizes[:env.rank]):sum(sizes[:env.rank + 1])]  # unequal shares
+    stats = bnlab.precise_bn(_Net(), _loader(share, 8), num_samples=None)
+    dist.teardown()
+    return {k: (m.numpy(), v.numpy()) for k, (m, v) in stats.items()}
+
+
+def test_precise_bn_on_two_gloo_ranks_gives_each_the_union():
+    sizes = [40, 24]
+    res = dist.launch_local(_public_worker, 2, sizes)
+    x = _images(64)
+    with torch.no_grad():
+        mean, var = _stats(_Net().trunk[0](x))
+    for r in res:
+        _close(r["trunk.1"][0], mean, "mean of the union")
+        _close(r["trunk.1"][1], var, "var of the union")
+    _close(res[0]["head.1"][1], res[1]["head.1"][1], "later layers identical on both ranks")
