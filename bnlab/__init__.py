@@ -2,10 +2,12 @@
 
 The public API for your own model (docs/library.md): `convert` and `revert` swap every
 BatchNorm layer and keep its state (bnlab.norms); `precise_bn` recomputes the running
-statistics on any loader, reduced across ranks (bnlab.precise_bn).
+statistics on any loader, reduced across ranks (bnlab.precise_bn); `sync_bn_stats` makes the
+ranks' running statistics agree at an epoch end (bnlab.bn_sync).
 """
 
+from bnlab.bn_sync import sync_bn_stats
 from bnlab.norms import convert, revert
 from bnlab.precise_bn import precise_bn
 
-__all__ = ["convert", "precise_bn", "revert"]
+__all__ = ["convert", "precise_bn", "revert", "sync_bn_stats"]

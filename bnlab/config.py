@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from bnlab.bn_sync import BN_SYNC_MODES
 from bnlab.data import DATASETS, cifar_missing_message, cifar_present
 from bnlab.errors import BnlabError
 from bnlab.models import MODELS
@@ -47,7 +48,7 @@ def without(cfg: dict, keys) -> dict:
 # value is the same experiment as one without it (run directory names, resume checks).
 ADDED_LATER = {"on_nan": "stop", "data.rank_skew": False, "record.predictions": False,
                "record.decompose": False, "record.decompose_samples": 2048,
-               "record.decompose_after": 0.0, "optim.name": "sgd"}
+               "record.decompose_after": 0.0, "optim.name": "sgd", "dist.bn_sync": "none"}
 
 
 def get_dotted(cfg: dict, dotted: str):
@@ -164,6 +165,7 @@ def validate(cfg: dict) -> None:
     d = cfg["dist"]
     _choice(cfg, "dist.device", ("auto", "cpu", "cuda"))
     _choice(cfg, "dist.backend", ("auto", "gloo", "nccl"))
+    _choice(cfg, "dist.bn_sync", BN_SYNC_MODES)
     if d["device"] == "cuda" and not torch.cuda.is_available():
         raise BnlabError("dist.device=cuda but no CUDA device is visible; use dist.device=auto.")
     cuda = d["device"] == "cuda" or (d["device"] == "auto" and torch.cuda.is_available())

@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from bnlab import checkpoint, dist
+from bnlab.bn_sync import sync_bn_stats
 from bnlab.data import Dataset, TrainLoader, build_dataset, val_batches
 from bnlab.diagnostics import GapProbe, divergence, rank_running_stats, train_mode_accuracy
 from bnlab.errors import BnlabError
@@ -288,12 +289,18 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
         else:
             write_run_info(run_dir, cfg, info)
         set_status(run_dir, "running", step=step)
+    bn_sync = cfg["dist"]["bn_sync"]
+    if bn_sync != "none" and cfg["dist"]["broadcast_buffers"] and ranks > 1:
+        dist.print0(f"bnlab: warning: dist.bn_sync={bn_sync} changes little here: with "
+                    f"dist.broadcast_buffers=true every rank already takes rank 0's BN "
+                    f"statistics at each forward; set dist.broadcast_buffers=false to let the "
+                    f"ranks keep their own until the epoch end.")
     logger = MetricsLogger(run_dir, env.is_main, cfg, console=False,
                            wandb_cfg=cfg["logger"]["wandb"])
     preds = PredictionLog(run_dir, env.is_main and cfg["record"]["predictions"], data.val.y)
     clock = Clock(env.device)
     images_per_step = loader.global_micro * cfg["grad_accum"]
-    last, stopped, stop_step = {}, "completed", 0
+    last, stopped, stop_step, synced = {}, "completed", 0, {}
     stop = cfg["max_steps"] or spe * cfg["epochs"]  # the schedule always spans all epochs
     diag = cfg["diagnostics"]["enabled"]
     every = cfg["checkpoint_every"] if cfg["checkpoint"] else 0
@@ -337,6 +344,10 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
                     if not math.isfinite(rec["train/loss"]) and cfg["on_nan"] == "stop":
                         stopped, stop_step = "diverged", step
                         break
+                if i == spe and bn_sync != "none":  # the epoch end, before its evaluation
+                    clock.stop()
+                    synced = sync_bn_stats(net, bn_sync)
+                    clock.start()
                 if i in evals:
                     clock.stop()
                     at = epoch + i / spe
@@ -358,7 +369,7 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
             if stopped != "completed" or (step == stop and i < spe):
                 break
             ep = {"step": step, "epoch": epoch + 1, **epoch_meter.reduce("train_epoch"),
-                  "time/train_s": clock.stop()}
+                  "time/train_s": clock.stop(), **(synced if bn_sync != "none" else {})}
             if precise_bn_due(cfg["precise_bn"], epoch, cfg["epochs"]):
                 ep.update(run_precise_bn(model, cfg, data, val, env, epoch))
             logger.log(ep, echo=False)

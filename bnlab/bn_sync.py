@@ -1,0 +1,81 @@
+"""Epoch-end BN sync: make every rank's running statistics agree before evaluating or saving.
+
+Ranks that train BN on their own batches end an epoch with different running statistics
+(unless DDP's forward buffer sync has just given them rank 0's). Three ways to agree:
+
+- broadcast: rank 0's statistics (what DDP's buffer sync does at each forward);
+- reduce: the average of the ranks' means and of their variances (timm's distribute_bn);
+- pooled: the union of equal-weight ranks: the mean of the means, and the mean of the
+  variances plus the spread of the means, which `reduce` drops.
+
+Works across real ranks (one all_reduce per layer) and across the simulated ranks of
+`bnlab.simulate`. Returns how far `reduce` lands from `pooled`, the share of the pooled
+variance that averaging the variances misses.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from bnlab.errors import BnlabError
+
+BN_SYNC_MODES = ("none", "broadcast", "reduce", "pooled")
+
+
+def _rank_stats(bn: _BatchNorm) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(W, C) running means and variances of every rank, and whether they are simulated."""
+    world = getattr(bn, "sim_world", 1)
+    if world > 1:
+        c = bn.num_features
+        return bn.sim_running_mean.view(world, c), bn.sim_running_var.view(world, c), True
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        w = dist.get_world_size()
+        packed = torch.cat([bn.running_mean, bn.running_var]).double()
+        gathered = [torch.empty_like(packed) for _ in range(w)]
+        dist.all_gather(gathered, packed)
+        g = torch.stack(gathered)
+        c = bn.num_features
+        means, variances = g[:, :c].to(bn.running_mean.dtype), g[:, c:].to(bn.running_var.dtype)
+        return means, variances, False
+    return bn.running_mean.view(1, -1), bn.running_var.view(1, -1), False
+
+
+@torch.no_grad()
+def sync_bn_stats(model: nn.Module, mode: str = "pooled") -> dict[str, float]:
+    """Give every rank the same BN running statistics, by `mode` (see the module's table).
+
+    Every rank must call it (a collective per BN layer). Returns `bn_sync/reduce_var_gap`:
+    over layers, the mean share of the pooled variance that `reduce` misses (0 where the
+    ranks' means agree), and its largest value over layers.
+    """
+    if mode not in BN_SYNC_MODES:
+        raise BnlabError(f"dist.bn_sync={mode!r} is unknown; choose one of {BN_SYNC_MODES}.")
+    if mode == "none":
+        return {}
+    model = getattr(model, "module", model)  # a DDP or simulated-DDP wrapper
+    gaps = []
+    for m in model.modules():
+        if not isinstance(m, _BatchNorm) or m.running_mean is None:
+            continue
+        means, variances, simulated = _rank_stats(m)
+        mean = means.double().mean(0)
+        reduced = variances.double().mean(0)
+        spread = (means.double() - mean).pow(2).mean(0)
+        pooled = reduced + spread
+        gaps.append((spread / pooled.clamp_min(1e-12)).mean().item())
+        if mode == "broadcast":
+            new_mean, new_var = means[0].clone(), variances[0].clone()
+        else:
+            new_mean, new_var = mean, pooled if mode == "pooled" else reduced
+        m.running_mean.copy_(new_mean.to(m.running_mean.dtype))
+        m.running_var.copy_(new_var.to(m.running_var.dtype))
+        if simulated:
+            means.copy_(m.running_mean.expand_as(means))
+            variances.copy_(m.running_var.expand_as(variances))
+    if not gaps:
+        return {}
+    return {"bn_sync/reduce_var_gap": sum(gaps) / len(gaps),
+            "bn_sync/reduce_var_gap_max": max(gaps)}
