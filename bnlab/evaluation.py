@@ -8,6 +8,7 @@ and after PreciseBN with both estimators. Printed as a table and written to eval
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import sys
@@ -18,12 +19,11 @@ import torch
 import yaml
 from omegaconf import DictConfig
 
-from bnlab import checkpoint, dist
+from bnlab import checkpoint, dist, doctor
 from bnlab.data import Dataset, Split, TrainLoader, build_dataset
-from bnlab.diagnostics import FIXES, at_risk, train_mode_accuracy
+from bnlab.diagnostics import train_mode_accuracy
 from bnlab.errors import BnlabError
-from bnlab.models import MODELS, build_model
-from bnlab.norms import RankBatchNorm, bn_value_counts
+from bnlab.norms import RankBatchNorm
 from bnlab.precise_bn import ESTIMATORS, recalibrate, set_running_stats
 from bnlab.trainer import build_net, val_metrics
 
@@ -110,40 +110,24 @@ def evaluate_run(cfg: DictConfig) -> dict:
     return out
 
 
-def diagnose(cfg: DictConfig) -> list[str]:
-    """BN layers at risk for a model, world size and per-rank batch; no checkpoint needed."""
-    cfg = cfg.diagnose
-    if cfg.model not in MODELS:
-        raise BnlabError(f"diagnose.model={cfg.model!r} is unknown; choose one of "
-                         f"{sorted(MODELS)}.")
-    if cfg.norm not in ("bn", "syncbn"):
-        raise BnlabError(f"diagnose.norm={cfg.norm!r} is not bn or syncbn.")
-    for key in ("world", "batch_per_gpu", "min_values"):
-        if not isinstance(cfg[key], int) or cfg[key] < 1:
-            raise BnlabError(f"diagnose.{key} must be a positive integer, got {cfg[key]!r}.")
-    per_norm = cfg.batch_per_gpu * (cfg.world if cfg.norm == "syncbn" else 1)
-    counts = bn_value_counts(build_model(cfg.model), per_norm)
-    risky = at_risk(counts, cfg.min_values)
-    print(f"{cfg.model}, {cfg.world} ranks x {cfg.batch_per_gpu} images, norm={cfg.norm}: "
-          f"values per channel that each BN layer normalizes over\n")
-    print("| layer | values per channel | at risk |\n|---|---|---|")
-    for n, c in counts.items():
-        print(f"| {n} | {c} | {'yes' if n in risky else ''} |")
-    if not risky:
-        print(f"\nno layer under {cfg.min_values} values per channel.")
-    else:
-        worst = min(risky.values())
-        fatal = " BN cannot train at all with 1 value." if worst <= 1 else ""
-        print(f"\n{len(risky)} of {len(counts)} layers under {cfg.min_values} values per "
-              f"channel (lowest {worst}).{fatal} Recommended: {FIXES} "
-              f"(syncbn would give {worst * cfg.world if cfg.norm == 'bn' else worst}).")
-    return sorted(risky)
+def diagnose(cfg: DictConfig) -> int:
+    """The BN doctor (`python -m bnlab doctor`) on one of bnlab's models; its exit status."""
+    d = cfg.diagnose
+    if d.norm not in doctor.KINDS:
+        raise BnlabError(f"diagnose.norm={d.norm!r} is not bn or syncbn.")
+    for key in ("world", "batch_per_gpu", "min_values", "min_images"):
+        if not isinstance(d[key], int) or d[key] < 1:
+            raise BnlabError(f"diagnose.{key} must be a positive integer, got {d[key]!r}.")
+    return doctor.report(argparse.Namespace(
+        model=f"bnlab:{d.model}", input=None, world=d.world, batch_per_rank=d.batch_per_gpu,
+        norm=d.norm, sync_group=0, min_values=d.min_values, min_images=d.min_images,
+        json=False))
 
 
 def main(cfg: DictConfig) -> None:
     try:
         if cfg.diagnose.enabled:
-            diagnose(cfg)
+            raise SystemExit(diagnose(cfg))
         elif cfg.run is None:
             raise BnlabError("run is not set; pass run=<run dir or checkpoint.pt>, or "
                              "diagnose.enabled=true.")

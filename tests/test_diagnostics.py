@@ -118,11 +118,11 @@ def test_diagnose_mode_lists_layers_at_risk_without_a_checkpoint(tmp_path):
     args = ["diagnose.enabled=true", "diagnose.model=resnet18", "diagnose.world=4",
             "diagnose.batch_per_gpu=2"]
     r = run_entry("evaluate.py", *args, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    assert "| layer4.1.bn2 | 2 | yes |" in r.stdout
-    assert "Recommended: norm=syncbn" in r.stdout and "syncbn would give 8" in r.stdout
+    assert r.returncode == 1, r.stderr  # the doctor's status: layers at risk
+    assert "| layer4.1.bn2 | RankBatchNorm | 512 | 2 | 2 | 2 | yes |" in r.stdout
+    assert "syncbn over all 4 ranks still gives 8 samples" in r.stdout
     r = run_entry("evaluate.py", *args, "diagnose.norm=syncbn", cwd=tmp_path)
-    assert "| layer4.1.bn2 | 8 | yes |" in r.stdout
+    assert "| layer4.1.bn2 | RankBatchNorm | 512 | 2 | 8 | 8 | yes |" in r.stdout
 
 
 @pytest.mark.parametrize("content", [None, b"not a checkpoint", b"\x80\x02truncated"])

@@ -1,0 +1,331 @@
+"""The BN doctor: which normalization layers of a model are at risk at a given world size and
+per-rank batch, and what fixes them, with numbers. No training, no data, no GPU.
+
+    python -m bnlab doctor --model torchvision:resnet50 --input 3x224x224 --world 8 \\
+        --batch-per-rank 2 [--norm syncbn --sync-group 4] [--min-values 16] [--json]
+
+`--model` is `torchvision:<name>`, `bnlab:<name>` (bnlab's models), `<module>:<factory>` (a
+function that returns the model, imported from the current directory or the installed
+packages), or a bnlab checkpoint / run directory. One forward pass of one zero input of
+`--input` (per sample, no batch dimension) in eval mode records what each layer sees.
+
+A batch-statistics layer normalizes each channel over N samples, N x (spatial size) values:
+N is the per-rank batch for bn and the sync group's batch for syncbn. It is at risk under
+`--min-images` samples (default 8: below 8 per GPU BN's error grows, Wu & He 2018, and
+bnlab's table-batch measures the same on CIFAR-10; the pixels of one image are far from
+independent) or under `--min-values` values (default 16; at 1 value BN cannot train at all).
+GroupNorm, LayerNorm, InstanceNorm and frozen BN do not depend on the batch and are listed
+for completeness. Exit status: 0 when no layer is at risk, 1 when some are (for CI), 2 for
+bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.instancenorm import _InstanceNorm
+
+from bnlab.errors import BnlabError
+
+KINDS = ("bn", "syncbn")
+
+
+@dataclass
+class Layer:
+    name: str
+    kind: str                 # BatchNorm2d, GroupNorm, ...
+    channels: int
+    per_rank: int             # values per channel (per group for GN/LN) that one rank sees
+    normalized_over: int      # values the layer normalizes over at this setting
+    images: int               # samples whose statistics it uses (1 for per-sample norms)
+    batch_dependent: bool
+    at_risk: bool
+
+
+# ----------------------------------------------------------------------------------------
+# Loading a model
+
+
+def load_model(spec: str) -> tuple[nn.Module, str | None]:
+    """The model named by `--model`, and its input shape where the spec knows it."""
+    path = Path(spec)
+    if path.is_dir() or spec.endswith((".pt", ".pth")):
+        return _from_checkpoint(path)
+    if ":" not in spec:
+        raise BnlabError(f"--model {spec!r} is neither torchvision:<name>, bnlab:<name>, "
+                         f"<module>:<factory> nor a checkpoint; write one of those.")
+    where, name = spec.split(":", 1)
+    if where == "torchvision":
+        import torchvision
+        if name not in torchvision.models.list_models():
+            raise BnlabError(f"--model {spec!r}: torchvision has no model {name!r}; see "
+                             f"torchvision.models.list_models().")
+        return torchvision.models.get_model(name, weights=None), None
+    if where == "bnlab":
+        from bnlab.models import MODELS, build_model
+        if name not in MODELS:
+            raise BnlabError(f"--model {spec!r}: bnlab has no model {name!r}; choose one of "
+                             f"{sorted(MODELS)}.")
+        return build_model(name), "3x32x32"
+    sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(where)
+    except Exception as e:
+        raise BnlabError(f"--model {spec!r}: importing {where!r} failed ({type(e).__name__}: "
+                         f"{e}); run from the folder that holds it or install it.") from None
+    factory = getattr(module, name, None)
+    if factory is None:
+        raise BnlabError(f"--model {spec!r}: {where} has no {name!r}.")
+    try:
+        model = factory if isinstance(factory, nn.Module) else factory()
+    except Exception as e:
+        raise BnlabError(f"--model {spec!r}: calling {name}() failed ({type(e).__name__}: {e}); "
+                         f"give a factory that takes no arguments.") from None
+    if not isinstance(model, nn.Module):
+        raise BnlabError(f"--model {spec!r}: {name}() returned a {type(model).__name__}, "
+                         f"not a torch.nn.Module.")
+    return model, None
+
+
+def _from_checkpoint(path: Path) -> tuple[nn.Module, str | None]:
+    import yaml
+
+    from bnlab import checkpoint
+    from bnlab.trainer import build_net
+    state = checkpoint.load(path)
+    if not isinstance(state, dict) or "config" not in state or "model" not in state:
+        raise BnlabError(f"--model {path}: not a bnlab checkpoint (no config and model); for "
+                         f"your own model pass --model <module>:<factory>.")
+    cfg = yaml.safe_load(state["config"])
+    model = build_net(cfg)
+    model.load_state_dict({k: v for k, v in state["model"].items() if not k.startswith("sim_")
+                           and ".sim_" not in k}, strict=False)
+    return model, "3x32x32"
+
+
+def parse_input(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(d) for d in text.lower().split("x"))
+    except ValueError:
+        shape = ()
+    if not shape or any(d < 1 for d in shape):
+        raise BnlabError(f"--input {text!r} is not a shape; write the sizes of one sample "
+                         f"joined by x, e.g. 3x224x224 (no batch dimension).")
+    return shape
+
+
+# ----------------------------------------------------------------------------------------
+# What each layer sees
+
+
+def _norm_layers(model: nn.Module) -> dict[nn.Module, str]:
+    kinds = (_BatchNorm, nn.GroupNorm, nn.LayerNorm, _InstanceNorm)
+    return {m: n for n, m in model.named_modules() if isinstance(m, kinds)}
+
+
+def measure(model: nn.Module, shape: tuple[int, ...], world: int, batch: int, norm: str | None,
+            sync_group: int, min_values: int, min_images: int) -> list[Layer]:
+    """Every normalization layer with the values it normalizes over at this setting."""
+    names = _norm_layers(model)
+    seen: dict[nn.Module, tuple[int, ...]] = {}
+
+    def hook(mod, inp) -> None:  # a pre-hook that returned a value would replace the input
+        seen.setdefault(mod, tuple(inp[0].shape))
+
+    hooks = [m.register_forward_pre_hook(hook) for m in names]
+    p = next(model.parameters(), None)
+    x = torch.zeros(1, *shape, dtype=p.dtype if p is not None else None,
+                    device=p.device if p is not None else None)
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(x)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BnlabError(f"the model does not take an input of shape {tuple(x.shape)} "
+                         f"({first}); pass --input with the shape of one sample.") from None
+    finally:
+        for h in hooks:
+            h.remove()
+    out = []
+    for m, name in names.items():
+        if m not in seen:  # not called for this input
+            continue
+        s = seen[m]
+        spatial = math.prod(s[2:]) if len(s) > 2 else 1
+        group = _layer_group(m, world, sync_group, norm)
+        if group:
+            per_rank = batch * spatial
+            over, images = per_rank * group, batch * group
+            out.append(Layer(name, type(m).__name__, m.num_features, per_rank, over, images,
+                             True, over < min_values or images < min_images))
+        else:
+            c = s[1] if len(s) > 1 else 1
+            groups = m.num_groups if isinstance(m, nn.GroupNorm) else 1
+            per = (c // groups) * spatial if not isinstance(m, nn.LayerNorm) else \
+                math.prod(m.normalized_shape)
+            if isinstance(m, _InstanceNorm):
+                per = spatial
+            out.append(Layer(name, type(m).__name__, c, per, per, 1, False, False))
+    return out
+
+
+def _group(world: int, sync_group: int, norm: str | None) -> int:
+    """How many ranks share statistics: 1 for bn (and a model left as it is), k for syncbn."""
+    if norm != "syncbn":
+        return 1
+    return world if sync_group in (0, world) else sync_group
+
+
+def _layer_group(m: nn.Module, world: int, sync_group: int, norm: str | None) -> int:
+    """Ranks whose samples a layer's training statistics come from; 0 for a layer whose
+    statistics do not depend on the batch (GN, LN, InstanceNorm, frozen BN)."""
+    from bnlab.norms import FrozenBatchNorm, RankBatchNorm
+    if not isinstance(m, _BatchNorm) or isinstance(m, FrozenBatchNorm):
+        return 0
+    if norm:
+        return _group(world, sync_group, norm)
+    if isinstance(m, nn.SyncBatchNorm):
+        return world
+    if isinstance(m, RankBatchNorm) and m.sync != "none":
+        return world if m.sync_group in (0, world) or world % m.sync_group else m.sync_group
+    return 1
+
+
+# ----------------------------------------------------------------------------------------
+# Advice
+
+
+def recommend(layers: list[Layer], world: int, batch: int, min_values: int,
+              min_images: int) -> list[str]:
+    """The fixes, with numbers: the sync group that reaches both thresholds, GN groups that
+    divide every BN layer's channels, the per-rank batch that would do it alone."""
+    bns = [layer for layer in layers if layer.batch_dependent]
+    if not bns:
+        return []
+    low = min(bns, key=lambda layer: layer.per_rank)
+    spatial = low.per_rank // batch
+
+    def enough(k: int) -> bool:
+        return low.per_rank * k >= min_values and batch * k >= min_images
+
+    tips = []
+    k = next((k for k in _divisors(world) if enough(k)), None)
+    if k is not None:
+        tips.append(f"syncbn with --sync-group {k} ({k} ranks share statistics: every layer "
+                    f"then sees {batch * k} samples, and the lowest, {low.name}, "
+                    f"{low.per_rank * k} values per channel)")
+    else:
+        tips.append(f"syncbn over all {world} ranks still gives {batch * world} samples and "
+                    f"{low.per_rank * world} values per channel in {low.name}: too few; "
+                    f"prefer gn")
+    channels = [layer.channels for layer in bns]
+    g = max((g for g in range(1, 33) if all(c % g == 0 for c in channels)), default=1)
+    tips.append(f"gn with groups={g} (the most groups, up to 32, that divide every BN "
+                f"layer's channels: {math.gcd(*channels)} is their common divisor)"
+                if g > 1 else "gn: no group count above 1 divides every layer's channels; "
+                "use ln or per-layer groups")
+    need = max(min_images, math.ceil(min_values / max(spatial, 1)))
+    tips.append(f"or a per-rank batch of {need} or more (each sample gives {low.name} "
+                f"{spatial} values per channel)")
+    return tips
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+# ----------------------------------------------------------------------------------------
+# The command
+
+
+def report(args: argparse.Namespace) -> int:
+    model, known_shape = load_model(args.model)
+    shape = parse_input(args.input or known_shape or "3x224x224")
+    for key in ("world", "batch_per_rank", "min_values", "min_images"):
+        if getattr(args, key) < 1:
+            raise BnlabError(f"--{key.replace('_', '-')} must be a positive integer, got "
+                             f"{getattr(args, key)}.")
+    if args.sync_group and (args.norm != "syncbn" or args.world % args.sync_group):
+        raise BnlabError(f"--sync-group {args.sync_group} needs --norm syncbn and must divide "
+                         f"--world {args.world}.")
+    if args.norm:
+        from bnlab.norms import convert
+        convert(model, args.norm, **({"sync_group": args.sync_group} if args.sync_group
+                                     else {}))
+    layers = measure(model, shape, args.world, args.batch_per_rank, args.norm,
+                     args.sync_group, args.min_values, args.min_images)
+    risky = [layer for layer in layers if layer.at_risk]
+    tips = recommend(layers, args.world, args.batch_per_rank, args.min_values,
+                     args.min_images) if risky else []
+    setting = {"model": args.model, "input": "x".join(map(str, shape)), "world": args.world,
+               "batch_per_rank": args.batch_per_rank, "norm": args.norm or "as built",
+               "sync_group": _group(args.world, args.sync_group, args.norm),
+               "min_values": args.min_values, "min_images": args.min_images}
+    if args.json:
+        print(json.dumps({**setting, "layers": [asdict(layer) for layer in layers],
+                          "at_risk": len(risky), "recommendations": tips}, indent=1))
+    else:
+        print(render(setting, layers, risky, tips))
+    return 1 if risky else 0
+
+
+def render(setting: dict, layers: list[Layer], risky: list[Layer], tips: list[str]) -> str:
+    s = setting
+    group = f", statistics shared by {s['sync_group']} ranks" if s["sync_group"] > 1 else ""
+    lines = [f"{s['model']}, input {s['input']}, {s['world']} ranks x {s['batch_per_rank']} "
+             f"per rank, norm: {s['norm']}{group}",
+             "", "| layer | kind | channels | values per channel, one rank | samples | "
+             "values normalized over | at risk |", "|---|---|---|---|---|---|---|"]
+    for layer in layers:
+        per = layer.per_rank if layer.batch_dependent else f"{layer.per_rank} (per sample)"
+        images = layer.images if layer.batch_dependent else "1 (each alone)"
+        lines.append(f"| {layer.name} | {layer.kind} | {layer.channels} | {per} | {images} | "
+                     f"{layer.normalized_over} | {'yes' if layer.at_risk else ''} |")
+    bns = [layer for layer in layers if layer.batch_dependent]
+    lines.append("")
+    if not risky:
+        lines.append(f"No layer at risk: every batch-statistics layer sees {s['min_images']} "
+                     f"samples or more and {s['min_values']} values per channel or more "
+                     f"({len(bns)} batch-statistics layers, {len(layers)} normalization "
+                     f"layers).")
+    else:
+        worst = min(layer.normalized_over for layer in risky)
+        fewest = min(layer.images for layer in risky)
+        fatal = " At 1 value BN cannot train at all." if worst <= 1 else ""
+        lines.append(f"{len(risky)} of {len(bns)} batch-statistics layers are at risk: "
+                     f"fewest samples {fewest} (threshold {s['min_images']}), fewest values per "
+                     f"channel {worst} (threshold {s['min_values']}).{fatal}")
+        lines.append("Fixes:")
+        lines += [f"- {tip}" for tip in tips]
+    return "\n".join(lines)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("doctor", help="which normalization layers are at risk, and the fix",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True,
+                   help="torchvision:<name>, bnlab:<name>, <module>:<factory>, or a checkpoint")
+    p.add_argument("--input", help="one sample's shape, e.g. 3x224x224 (default: 3x32x32 for "
+                                   "bnlab models, else 3x224x224)")
+    p.add_argument("--world", type=int, default=8, help="number of ranks (default 8)")
+    p.add_argument("--batch-per-rank", type=int, default=2, help="samples per rank (default 2)")
+    p.add_argument("--norm", choices=KINDS, help="convert the BN layers first (default: the "
+                                                 "model as built, statistics per rank)")
+    p.add_argument("--sync-group", type=int, default=0,
+                   help="with --norm syncbn: ranks that share statistics (default all)")
+    p.add_argument("--min-values", type=int, default=16,
+                   help="values per channel below which a layer is at risk (default 16)")
+    p.add_argument("--min-images", type=int, default=8,
+                   help="samples below which a layer is at risk (default 8)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(run=report)

@@ -1,0 +1,151 @@
+"""The BN doctor on torchvision's, bnlab's and a user's own models; bad input is exit 2."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import yaml
+
+from bnlab import checkpoint
+from bnlab.__main__ import main
+from bnlab.trainer import build_net
+from conftest import ROOT
+
+
+def _doctor(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["doctor", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _json(capsys, *args: str) -> tuple[int, dict]:
+    code, out, err = _doctor(capsys, *args, "--json")
+    assert not err, err
+    return code, json.loads(out)
+
+
+def test_resnet50_at_8_by_2_is_at_risk_in_every_layer_and_syncbn_4_fixes_it(capsys):
+    code, r = _json(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
+                    "--world", "8", "--batch-per-rank", "2")
+    assert code == 1 and r["at_risk"] == 53 == len(r["layers"])
+    low = min(r["layers"], key=lambda layer: layer["per_rank"])
+    assert low["per_rank"] == 2 * 7 * 7 and low["images"] == 2  # 7x7 in layer4 at 224
+    assert r["recommendations"][0].startswith("syncbn with --sync-group 4 ")
+    assert "gn with groups=32" in r["recommendations"][1]
+    code, r = _json(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
+                    "--world", "8", "--batch-per-rank", "2", "--norm", "syncbn",
+                    "--sync-group", "4")
+    assert code == 0 and r["at_risk"] == 0
+    assert {layer["images"] for layer in r["layers"]} == {8}
+
+
+def test_bnlab_resnet18_at_4_by_2_table(capsys):
+    code, out, _ = _doctor(capsys, "--model", "bnlab:resnet18", "--world", "4",
+                           "--batch-per-rank", "2")
+    assert code == 1
+    assert "| layer4.1.bn2 | BatchNorm2d | 512 | 2 | 2 | 2 | yes |" in out  # 1x1 maps
+    assert "| bn1 | BatchNorm2d | 64 | 512 | 2 | 512 | yes |" in out
+    assert "20 of 20 batch-statistics layers are at risk" in out
+    code, out, _ = _doctor(capsys, "--model", "bnlab:resnet18", "--world", "4",
+                           "--batch-per-rank", "16")
+    assert code == 0 and "| layer3.0.bn1 | BatchNorm2d | 256 | 64 | 16 | 64 |  |" in out
+    assert "| layer4.1.bn2 | BatchNorm2d | 512 | 16 | 16 | 16 |  |" in out  # at the threshold
+
+
+FACTORY = '''
+import torch.nn as nn
+
+class BatchNormAct2d(nn.BatchNorm2d):
+    def forward(self, x):
+        return super().forward(x).relu()
+
+def build():
+    return nn.Sequential(nn.Conv2d(3, 12, 3), nn.BatchNorm2d(12), nn.GroupNorm(4, 12),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(12, 6),
+                         nn.BatchNorm1d(6))
+
+def fused():
+    return nn.Sequential(nn.Conv2d(3, 4, 1), BatchNormAct2d(4))
+
+def broken():
+    raise RuntimeError("no weights here")
+'''
+
+
+@pytest.fixture
+def factory_dir(tmp_path, monkeypatch):
+    (tmp_path / "mymodels.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    sys.modules.pop("mymodels", None)
+
+
+def test_a_factory_model_with_group_norm_and_a_batchnorm1d_head(capsys, factory_dir):
+    code, r = _json(capsys, "--model", "mymodels:build", "--input", "3x10x10", "--world", "2",
+                    "--batch-per-rank", "8")
+    layers = {layer["name"]: layer for layer in r["layers"]}
+    assert layers["1"]["per_rank"] == 8 * 8 * 8 and not layers["1"]["at_risk"]
+    assert layers["2"]["kind"] == "GroupNorm" and layers["2"]["per_rank"] == 3 * 8 * 8
+    assert not layers["2"]["batch_dependent"]
+    assert layers["6"]["per_rank"] == 8 and layers["6"]["at_risk"]  # 8 values < 16
+    assert code == 1 and r["at_risk"] == 1
+    assert "gn with groups=6" in r["recommendations"][1]  # divides 12 and 6
+
+
+def test_a_bnlab_checkpoint(capsys, tmp_path):
+    cfg = {"seed": 0, "model": {"name": "resnet20"},
+           "norm": {"kind": "syncbn", "eps": 1e-5, "momentum": 0.1, "sync_group": 2}}
+    path = tmp_path / "checkpoint.pt"
+    checkpoint.save(path, {"config": yaml.safe_dump(cfg),
+                           "model": build_net(cfg).state_dict()})
+    code, r = _json(capsys, "--model", str(path), "--world", "4", "--batch-per-rank", "2")
+    assert r["input"] == "3x32x32" and r["layers"][0]["kind"] == "RankBatchNorm"
+    assert {layer["images"] for layer in r["layers"]} == {4}  # the run's sync groups of 2
+    assert code == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "nope"], "is neither torchvision:<name>"),
+    (["--model", "torchvision:resnet51"], "torchvision has no model 'resnet51'"),
+    (["--model", "bnlab:resnet19"], "bnlab has no model 'resnet19'"),
+    (["--model", "nomodule_here:build"], "importing 'nomodule_here' failed"),
+    (["--model", "mymodels:broken"], "calling broken() failed (RuntimeError: no weights here)"),
+    (["--model", "mymodels:build", "--input", "5x10x10"],
+     "the model does not take an input of shape (1, 5, 10, 10)"),
+    (["--model", "mymodels:build", "--input", "3by10"], "--input '3by10' is not a shape"),
+    (["--model", "mymodels:fused", "--input", "3x4x4", "--norm", "syncbn"],
+     "layer '1' is a BatchNormAct2d, a BatchNorm subclass with its own forward"),
+    (["--model", "mymodels:build", "--world", "4", "--sync-group", "3", "--norm", "syncbn"],
+     "--sync-group 3 needs --norm syncbn and must divide --world 4"),
+    (["--model", str(ROOT / "README.md") + ".pt"], "does not exist"),
+])
+def test_bad_input_is_one_sentence_and_exit_2(capsys, factory_dir, args, message):
+    code, out, err = _doctor(capsys, *args)
+    assert code == 2 and not out
+    assert err.startswith("bnlab: error: ") and message in err and err.count("\n") == 1
+
+
+def test_python_m_bnlab_doctor_runs_as_a_command(tmp_path):
+    import subprocess
+    r = subprocess.run([sys.executable, "-m", "bnlab", "doctor", "--model", "bnlab:resnet20",
+                        "--world", "4", "--batch-per-rank", "16"], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "No layer at risk" in r.stdout
+
+
+def test_layers_outside_batch_statistics_are_listed_not_flagged(capsys, factory_dir):
+    _, out, _ = _doctor(capsys, "--model", "mymodels:build", "--input", "3x10x10")
+    assert "| 2 | GroupNorm | 12 | 192 (per sample) | 1 (each alone) | 192 |  |" in out
+
+
+def test_the_outputs_quoted_in_docs_library_are_current(capsys):
+    import re
+    text = (ROOT / "docs/library.md").read_text()
+    quoted = re.findall(r"<!-- doctor: (.*?) -->\n```text\n(.*?)\n```", text, re.S)
+    assert len(quoted) == 2
+    for args, block in quoted:
+        _, out, _ = _doctor(capsys, *args.split())
+        assert out.rstrip("\n") == block, args
