@@ -142,6 +142,7 @@ def measure(model: nn.Module, shape: tuple[int, ...], world: int, batch: int, no
         seen.setdefault(mod, tuple(inp[0].shape))
 
     hooks = [m.register_forward_pre_hook(hook) for m in names]
+    modes = {m: m.training for m in model.modules()}
     p = next(model.parameters(), None)
     x = torch.zeros(1, *shape, dtype=p.dtype if p is not None else None,
                     device=p.device if p is not None else None)
@@ -156,6 +157,8 @@ def measure(model: nn.Module, shape: tuple[int, ...], world: int, batch: int, no
     finally:
         for h in hooks:
             h.remove()
+        for m, mode in modes.items():
+            m.training = mode
     out = []
     for m, name in names.items():
         if m not in seen:  # not called for this input
@@ -236,8 +239,19 @@ def recommend(layers: list[Layer], world: int, batch: int, min_values: int,
                 "use ln or per-layer groups")
     need = max(min_images, math.ceil(min_values / max(spatial, 1)))
     tips.append(f"or a per-rank batch of {need} or more (each sample gives {low.name} "
-                f"{spatial} values per channel)")
+                f"{spatial} value{'s' if spatial != 1 else ''} per channel)")
     return tips
+
+
+def check(model: nn.Module, input_shape: tuple[int, ...], world: int, batch_per_rank: int, *,
+          min_values: int = 16, min_images: int = 8) -> tuple[list[Layer], list[str]]:
+    """The doctor from Python, on the model as it is (its own BN kinds and sync groups):
+    the layers at risk and the fixes (both empty when none is at risk)."""
+    layers = measure(model, tuple(input_shape), world, batch_per_rank, None, 0, min_values,
+                     min_images)
+    risky = [layer for layer in layers if layer.at_risk]
+    return risky, recommend(layers, world, batch_per_rank, min_values, min_images) \
+        if risky else []
 
 
 def _divisors(n: int) -> list[int]:
