@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -131,3 +133,90 @@ def test_naive_sync_variance_misses_exactly_the_spread_of_rank_means(world):
     assert spread.mean() > 0.3 and (spread > 0.01).all()  # rank offsets make the bias large
     np.testing.assert_allclose(var_true - var_naive, spread, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(naive["rm"], exact["rm"], rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------
+# Inputs users have: memory layouts, half types, torch.compile
+
+
+def _layout_input(x: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout == "channels_last":
+        return x.contiguous(memory_format=torch.channels_last)
+    if layout == "noncontiguous":  # a transposed view: same values, strides of another shape
+        return x.transpose(2, 3).contiguous().transpose(2, 3)
+    if layout == "half_model":
+        return x.half()
+    return x
+
+
+def _layout_worker(sizes, layout):
+    env = dist.init("cpu", "gloo", threads=1)
+    bn = RankBatchNorm(C, "exact", 0, momentum=1.0)
+    _affine(bn)
+    if layout == "half_model":
+        bn.half()
+    x, gy = _global_batch(sizes)
+    x = _layout_input(_chunk(x, sizes, env.rank), layout).detach().requires_grad_(True)
+    assert layout not in ("channels_last", "noncontiguous") or not x.is_contiguous()
+    if layout in ("bf16_autocast", "fp16_autocast"):
+        dtype = torch.bfloat16 if layout == "bf16_autocast" else torch.float16
+        with torch.autocast("cpu", dtype=dtype):
+            y = bn(x.to(dtype))
+    else:
+        y = bn(x)
+    (y.float() * _chunk(gy, sizes, env.rank)).sum().backward()
+    out = _np({"y": y.float(), "dx": x.grad.float(), "rm": bn.running_mean.float(),
+               "rv": bn.running_var.float()})
+    dist.teardown()
+    return out
+
+
+TOLERANCE = {"channels_last": 1e-5, "noncontiguous": 1e-5, "half_model": 2e-3,
+             "fp16_autocast": 2e-3, "bf16_autocast": 2e-2}
+
+
+@pytest.mark.parametrize("layout", list(TOLERANCE))
+def test_syncbn_is_exact_for_layouts_and_half_types(layout):
+    sizes = [3, 5]
+    res = dist.launch_local(_layout_worker, 2, sizes, layout)
+    x, gy = _global_batch(sizes)
+    if layout != "channels_last" and layout != "noncontiguous":  # the values the layer saw
+        x = x.to(torch.bfloat16 if layout == "bf16_autocast" else torch.float16).float()
+    bn = nn.BatchNorm2d(C, momentum=1.0)
+    _affine(bn)
+    x = x.clone().requires_grad_(True)
+    y = bn(x)
+    (y * gy).sum().backward()
+    tol = TOLERANCE[layout]
+    for r, out in enumerate(res):
+        for key, ref in (("y", _chunk(y, sizes, r)), ("dx", _chunk(x.grad, sizes, r))):
+            np.testing.assert_allclose(out[key], ref.detach().numpy(), rtol=tol, atol=tol,
+                                       err_msg=f"{layout} {key} rank {r}")
+        np.testing.assert_allclose(out["rm"], bn.running_mean.numpy(), rtol=tol, atol=tol)
+        np.testing.assert_allclose(out["rv"], bn.running_var.numpy(), rtol=tol, atol=tol)
+
+
+def _compile_worker(sizes):
+    env = dist.init("cpu", "gloo", threads=1)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(C, C, 3, padding=1), RankBatchNorm(C, "exact"), nn.ReLU())
+    x, gy = _global_batch(sizes)
+    x, gy = _chunk(x, sizes, env.rank), _chunk(gy, sizes, env.rank)
+    out = {}
+    for name, net in (("eager", copy.deepcopy(model)), ("compiled", torch.compile(model))):
+        y = net(x)
+        (y * gy).sum().backward()
+        weight_grad = net[0].weight.grad if name == "eager" else model[0].weight.grad
+        out[name] = {"y": y.detach().numpy().copy(), "dw": weight_grad.numpy().copy()}
+    dist.teardown()
+    return out
+
+
+def test_torch_compile_runs_syncbn_with_the_same_results():
+    """It may graph-break at the collectives; it must not crash or change results."""
+    res = dist.launch_local(_compile_worker, 2, [3, 5])
+    for out in res:
+        np.testing.assert_allclose(out["compiled"]["y"], out["eager"]["y"], rtol=1e-4,
+                                   atol=1e-5)
+        np.testing.assert_allclose(out["compiled"]["dw"], out["eager"]["dw"], rtol=1e-4,
+                                   atol=1e-5)
