@@ -43,6 +43,14 @@ def _rank_stats(bn: _BatchNorm) -> tuple[torch.Tensor, torch.Tensor, bool]:
     return bn.running_mean.view(1, -1), bn.running_var.view(1, -1), False
 
 
+def reduce_var_gap(means: torch.Tensor, variances: torch.Tensor) -> float:
+    """From (W, C) per-rank running means and variances: the share of the pooled variance
+    that `reduce` misses (the spread of the rank means), averaged over channels."""
+    means, variances = means.double(), variances.double()
+    spread = (means - means.mean(0)).pow(2).mean(0)
+    return (spread / (variances.mean(0) + spread).clamp_min(1e-12)).mean().item()
+
+
 @torch.no_grad()
 def sync_bn_stats(model: nn.Module, mode: str = "pooled") -> dict[str, float]:
     """Give every rank the same BN running statistics, by `mode` (see the module's table).
@@ -63,9 +71,8 @@ def sync_bn_stats(model: nn.Module, mode: str = "pooled") -> dict[str, float]:
         means, variances, simulated = _rank_stats(m)
         mean = means.double().mean(0)
         reduced = variances.double().mean(0)
-        spread = (means.double() - mean).pow(2).mean(0)
-        pooled = reduced + spread
-        gaps.append((spread / pooled.clamp_min(1e-12)).mean().item())
+        pooled = reduced + (means.double() - mean).pow(2).mean(0)
+        gaps.append(reduce_var_gap(means, variances))
         if mode == "broadcast":
             new_mean, new_var = means[0].clone(), variances[0].clone()
         else:

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from bnlab import dist
+from bnlab.bn_sync import reduce_var_gap
 from bnlab.data import Dataset, val_batches
 from bnlab.jitter import MISSING
 from bnlab.metrics import Meter
@@ -80,7 +81,10 @@ def divergence(ranks: list[dict[str, tuple]]) -> dict[str, float]:
         dv = max(((r[name][1] + EPS).log() - (v0 + EPS).log()).abs().max().item()
                  for r in ranks[1:])
         out[f"bn/div_mean/{name}"], out[f"bn/div_logvar/{name}"] = dm, dv
-    return _with_max(out, ("bn/div_mean", "bn/div_logvar"))
+        # what an epoch-end `reduce` (timm's average) would miss of the ranks' union
+        out[f"bn/reduce_var_gap/{name}"] = reduce_var_gap(
+            torch.stack([r[name][0] for r in ranks]), torch.stack([r[name][1] for r in ranks]))
+    return _with_max(out, ("bn/div_mean", "bn/div_logvar", "bn/reduce_var_gap"))
 
 
 def _with_max(per_layer: dict[str, float], prefixes) -> dict[str, float]:

@@ -27,6 +27,10 @@ def test_divergence_is_relative_to_rank0():
     assert d["bn/div_mean/a"] == pytest.approx(3 / 2, rel=1e-4)  # |-3 - 0| / sqrt(4)
     assert d["bn/div_logvar/a"] == pytest.approx(1.0, rel=1e-4)
     assert d["bn/div_mean_max"] == d["bn/div_mean/a"]
+    # reduce (the average of the variances) misses the spread of the rank means, per channel:
+    # channel 0: spread 78/27 of a pooled 4 + 78/27; channel 1: 1/18 of (2 + e) / 3 + 1/18
+    gap = (78 / 27 / (4 + 78 / 27) + (1 / 18) / ((2 + math.e) / 3 + 1 / 18)) / 2
+    assert d["bn/reduce_var_gap/a"] == pytest.approx(gap, rel=1e-6)
     assert divergence(ranks[:1]) == {}
 
 

@@ -49,10 +49,10 @@ class Head1d(nn.Module):
 
 
 MODELS = {
-    "resnet50": (lambda: torchvision.models.resnet50(num_classes=10), (4, 3, 64, 64)),
+    "resnet50": (lambda: torchvision.models.resnet50(num_classes=10), (2, 3, 32, 32)),
     "mobilenet_v3_small": (lambda: torchvision.models.mobilenet_v3_small(num_classes=10),
-                           (4, 3, 64, 64)),
-    "r3d_18": (lambda: torchvision.models.video.r3d_18(num_classes=10), (2, 3, 4, 32, 32)),
+                           (2, 3, 32, 32)),
+    "r3d_18": (lambda: torchvision.models.video.r3d_18(num_classes=10), (2, 3, 2, 16, 16)),
     "head1d": (Head1d, (6, 3, 10, 10)),
 }
 
