@@ -61,6 +61,20 @@ def _bns(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, _BatchNorm)]
 
 
+def _same_state(a: nn.Module, b: nn.Module) -> None:
+    """The same state dict (keys, dtypes, values) and, layer by layer, the same BN settings,
+    train/eval flags and requires_grad."""
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb)
+    for k in sb:
+        assert sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]), k
+    for m, o in zip(_bns(a), _bns(b), strict=True):
+        assert (m.eps, m.momentum, m.affine, m.track_running_stats, m.training) == \
+            (o.eps, o.momentum, o.affine, o.track_running_stats, o.training)
+        assert [p.requires_grad for p in m.parameters()] == \
+            [p.requires_grad for p in o.parameters()]
+
+
 @pytest.fixture(scope="module", params=list(MODELS))
 def original(request):
     make, shape = MODELS[request.param]
@@ -98,17 +112,8 @@ def test_revert_of_convert_restores_the_state_dict_and_the_classes(original, kin
     model, _ = original
     before = copy.deepcopy(model)
     back = bnlab.revert(bnlab.convert(copy.deepcopy(model), kind))
-    a, b = back.state_dict(), before.state_dict()
-    assert list(a) == list(b)
-    for k in b:
-        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
-    for m, o in zip(back.modules(), before.modules(), strict=True):
-        assert type(m) is type(o)
-        if isinstance(o, _BatchNorm):
-            assert (m.eps, m.momentum, m.affine, m.track_running_stats, m.training) == \
-                (o.eps, o.momentum, o.affine, o.track_running_stats, o.training)
-            assert [p.requires_grad for p in m.parameters()] == \
-                [p.requires_grad for p in o.parameters()]
+    _same_state(back, before)
+    assert [type(m) for m in back.modules()] == [type(m) for m in before.modules()]
 
 
 def test_syncbn_carries_what_torch_convert_sync_batchnorm_carries():
@@ -117,16 +122,8 @@ def test_syncbn_carries_what_torch_convert_sync_batchnorm_carries():
     model.trunk.eval()  # a flag that differs between layers must survive too
     ours = bnlab.convert(copy.deepcopy(model), "syncbn")
     theirs = nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(model))
-    a, b = ours.state_dict(), theirs.state_dict()
-    assert list(a) == list(b)
-    for k in b:
-        assert torch.equal(a[k], b[k]), k
-    for m, t in zip(_bns(ours), _bns(theirs), strict=True):
-        assert isinstance(t, nn.SyncBatchNorm)
-        assert (m.eps, m.momentum, m.affine, m.track_running_stats, m.training) == \
-            (t.eps, t.momentum, t.affine, t.track_running_stats, t.training)
-        assert [p.requires_grad for p in m.parameters()] == \
-            [p.requires_grad for p in t.parameters()]
+    assert all(isinstance(t, nn.SyncBatchNorm) for t in _bns(theirs))
+    _same_state(ours, theirs)
 
 
 def test_the_worked_example_keeps_state_flag_and_output():
