@@ -8,7 +8,7 @@ Ranks that train BN on their own batches end an epoch with different running sta
 - pooled: the union of equal-weight ranks: the mean of the means, and the mean of the
   variances plus the spread of the means, which `reduce` drops.
 
-Works across real ranks (one all_reduce per layer) and across the simulated ranks of
+Works across real ranks (one all_gather per layer) and across the simulated ranks of
 `bnlab.simulate`. Returns how far `reduce` lands from `pooled`, the share of the pooled
 variance that averaging the variances misses.
 """

@@ -35,6 +35,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
 from bnlab.errors import BnlabError
+from bnlab.norms import restore_modes, save_modes
 
 KINDS = ("bn", "syncbn")
 
@@ -69,7 +70,12 @@ def load_model(spec: str) -> tuple[nn.Module, str | None]:
         if name not in torchvision.models.list_models():
             raise BnlabError(f"--model {spec!r}: torchvision has no model {name!r}; see "
                              f"torchvision.models.list_models().")
-        return torchvision.models.get_model(name, weights=None), None
+        try:
+            return torchvision.models.get_model(name, weights=None), None
+        except Exception as e:
+            raise BnlabError(f"--model {spec!r}: torchvision could not build it "
+                             f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); build it in "
+                             f"a factory and pass --model <module>:<factory>.") from None
     if where == "bnlab":
         from bnlab.models import MODELS, build_model
         if name not in MODELS:
@@ -128,7 +134,8 @@ def parse_input(text: str) -> tuple[int, ...]:
 
 
 def _norm_layers(model: nn.Module) -> dict[nn.Module, str]:
-    kinds = (_BatchNorm, nn.GroupNorm, nn.LayerNorm, _InstanceNorm)
+    from torchvision.ops.misc import FrozenBatchNorm2d
+    kinds = (_BatchNorm, nn.GroupNorm, nn.LayerNorm, _InstanceNorm, FrozenBatchNorm2d)
     return {m: n for n, m in model.named_modules() if isinstance(m, kinds)}
 
 
@@ -142,7 +149,7 @@ def measure(model: nn.Module, shape: tuple[int, ...], world: int, batch: int, no
         seen.setdefault(mod, tuple(inp[0].shape))
 
     hooks = [m.register_forward_pre_hook(hook) for m in names]
-    modes = {m: m.training for m in model.modules()}
+    modes = save_modes(model)
     p = next(model.parameters(), None)
     x = torch.zeros(1, *shape, dtype=p.dtype if p is not None else None,
                     device=p.device if p is not None else None)
@@ -157,8 +164,7 @@ def measure(model: nn.Module, shape: tuple[int, ...], world: int, batch: int, no
     finally:
         for h in hooks:
             h.remove()
-        for m, mode in modes.items():
-            m.training = mode
+        restore_modes(modes)
     out = []
     for m, name in names.items():
         if m not in seen:  # not called for this input
@@ -176,7 +182,7 @@ def measure(model: nn.Module, shape: tuple[int, ...], world: int, batch: int, no
             groups = m.num_groups if isinstance(m, nn.GroupNorm) else 1
             per = (c // groups) * spatial if not isinstance(m, nn.LayerNorm) else \
                 math.prod(m.normalized_shape)
-            if isinstance(m, _InstanceNorm):
+            if not isinstance(m, (nn.GroupNorm, nn.LayerNorm)):  # per channel: IN, frozen BN
                 per = spatial
             out.append(Layer(name, type(m).__name__, c, per, per, 1, False, False))
     return out
@@ -200,7 +206,13 @@ def _layer_group(m: nn.Module, world: int, sync_group: int, norm: str | None) ->
     if isinstance(m, nn.SyncBatchNorm):
         return world
     if isinstance(m, RankBatchNorm) and m.sync != "none":
-        return world if m.sync_group in (0, world) or world % m.sync_group else m.sync_group
+        if m.sync_group in (0, world):
+            return world
+        if world % m.sync_group:
+            raise BnlabError(f"the model's BN layers share statistics in groups of "
+                             f"{m.sync_group} ranks, which does not divide --world {world}; "
+                             f"pass a --world that it divides.")
+        return m.sync_group
     return 1
 
 

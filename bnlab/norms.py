@@ -101,6 +101,8 @@ class RankBatchNorm(_BatchNorm):
 
     def sync_rank_buffers_from_rank0(self) -> None:
         """What DDP's forward buffer sync does: every rank takes rank 0's buffers."""
+        if not self.track_running_stats:  # nothing to sync; the forward says why it refuses
+            return
         c = self.num_features
         for buf in (self.sim_running_mean, self.sim_running_var):
             b = buf.view(-1, c)
@@ -199,7 +201,19 @@ def set_epoch(model: nn.Module, epoch: int) -> None:
     for m in model.modules():
         if isinstance(m, FrozenBatchNorm):
             m.frozen = epoch >= m.freeze_after
-            m.train(m.training)
+            m.train(m.mode_asked)
+
+
+def save_modes(model: nn.Module) -> dict:
+    """Every module's train/eval flag (and the mode a frozen BN layer was asked for)."""
+    return {m: (m.training, m.__dict__.get("mode_asked")) for m in model.modules()}
+
+
+def restore_modes(saved: dict) -> None:
+    for m, (training, asked) in saved.items():
+        m.training = training
+        if asked is not None:
+            m.mode_asked = asked
 
 
 # ----------------------------------------------------------------------------------------
@@ -305,12 +319,18 @@ _KNOWN_FORWARDS = {c.forward for c in (*_PLAIN, nn.SyncBatchNorm, BatchNormXd, R
 def _refuse_unknown(bn: _BatchNorm, name: str) -> None:
     what = None
     if isinstance(bn, nn.modules.lazy.LazyModuleMixin) and bn.has_uninitialized_params():
-        raise BnlabError(f"layer '{name}' is a lazy BatchNorm that has not seen an input yet; "
-                         f"run one forward pass first, then convert.")
+        raise BnlabError(f"layer '{name or type(bn).__name__}' is a lazy BatchNorm that has "
+                         f"not seen an input yet; run one forward pass first, then convert.")
     if type(bn).forward not in _KNOWN_FORWARDS:
         what = "its own forward"
     elif any(True for _ in bn.children()):
         what = "child modules"
+    if what and not name:
+        raise BnlabError(
+            f"the model is itself a {type(bn).__name__}, a BatchNorm subclass with {what} that "
+            f"converting would drop; replace it by a plain BatchNorm (and its extra parts as "
+            f"their own modules) first."
+        )
     if what:
         raise BnlabError(
             f"layer '{name}' is a {type(bn).__name__}, a BatchNorm subclass with {what} that "
@@ -328,10 +348,16 @@ def _refuse_ddp(model: nn.Module, what: str) -> None:
 
 
 def _swap(model: nn.Module, pick: Callable[[nn.Module, str], nn.Module | None]) -> nn.Module:
-    """Replace, depth first, every module for which `pick` returns a new one."""
+    """Replace, depth first, every module for which `pick` returns a new one (a module that
+    two parents share is replaced once, and stays shared)."""
+    done: dict[int, nn.Module] = {}
+
     def visit(module: nn.Module, name: str) -> nn.Module:
+        if id(module) in done:
+            return done[id(module)]
         new = pick(module, name)
         if new is not None:
+            done[id(module)] = new
             return new
         for child_name, child in list(module.named_children()):
             new_child = visit(child, f"{name}.{child_name}" if name else child_name)
@@ -364,7 +390,7 @@ def convert(model: nn.Module, kind: str, *, skip: Iterable[str] = (), **opts) ->
             return None
         if name in skip:
             return module
-        _refuse_unknown(module, name or type(module).__name__)
+        _refuse_unknown(module, name)
         try:
             return make(module, name, **opts)
         except TypeError as e:

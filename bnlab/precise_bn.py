@@ -31,6 +31,8 @@ from tqdm import tqdm
 
 from bnlab import dist
 from bnlab.errors import BnlabError
+from bnlab.norms import BatchNormXd, RankBatchNorm, restore_modes, save_modes
+from bnlab.syncbn import acc
 
 ESTIMATORS = ("train", "eval")
 POOLINGS = ("pooled", "averaged")
@@ -49,9 +51,9 @@ def bn_layers(model: nn.Module, image_shape=(3, 32, 32),
     order: list[_BatchNorm] = []
     hooks = [m.register_forward_pre_hook(lambda mod, inp: order.append(mod))
              for m in names if isinstance(m, _BatchNorm) and m.running_mean is not None]
-    modes = {m: m.training for m in model.modules()}
-    p = next(model.parameters())
+    modes = save_modes(model)
     if sample is None:
+        p = next(model.parameters())
         sample = torch.zeros(1, *image_shape, device=p.device, dtype=p.dtype)
     try:
         model.eval()
@@ -60,8 +62,7 @@ def bn_layers(model: nn.Module, image_shape=(3, 32, 32),
     finally:
         for h in hooks:
             h.remove()
-        for m, mode in modes.items():
-            m.training = mode
+        restore_modes(modes)
     calls = {m: order.count(m) for m in dict.fromkeys(order)}
     for m, n in calls.items():
         if n > 1:
@@ -89,7 +90,7 @@ class _Moments:
         # from it: accurate, and fast on channel-strided data), then float64 sums across
         # batches and ranks: sum x = n * mean, sum x^2 = M2 + n * mean^2.
         dims = (0, *range(2, x.dim()))
-        x = x.detach()
+        x = acc(x.detach())  # half types: sums of squares in fp32 (fp16 would overflow)
         m = x.mean(dims, keepdim=True)
         r = x - m
         m2 = (r * r).sum(dims).double()
@@ -165,7 +166,7 @@ def recalibrate(model: nn.Module, batches: Callable[[], Iterable[torch.Tensor]],
 
 
 def _recalibrate(model, batches, estimator, pooling, progress, sample):
-    modes = {m: m.training for m in model.modules()}
+    modes = save_modes(model)
     layers = bn_layers(model, sample=sample)
     saved = {m: (m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone())
              for _, m in layers}
@@ -192,8 +193,7 @@ def _recalibrate(model, batches, estimator, pooling, progress, sample):
             m.num_batches_tracked.copy_(nbt)
         raise
     finally:
-        for m, mode in modes.items():
-            m.training = mode
+        restore_modes(modes)
     return out
 
 
@@ -241,7 +241,15 @@ def precise_bn(model: nn.Module, batches: Iterable, num_samples: int | None = 40
         raise BnlabError("the eval estimator reads the batches once per BN layer, and a "
                          "generator or iterator can be read only once; pass a list or a "
                          "DataLoader, or use estimator='train'.")
-    pick = input_fn or _model_input
+    cuda = sorted({t.device.index or 0 for t in itertools.chain(model.parameters(),
+                                                                 model.buffers()) if t.is_cuda})
+    with torch.random.fork_rng(devices=cuda), _local_statistics(model):
+        return _precise_bn(model, batches, num_samples, estimator, pooling,
+                           input_fn or _model_input, progress)
+
+
+def _precise_bn(model, batches, num_samples, estimator, pooling, pick, progress):
+    device = next(itertools.chain(model.parameters(), model.buffers())).device
     if iter(batches) is batches:  # read once: keep the batch looked at first
         head = next(batches, None)
         rest = batches
@@ -253,13 +261,17 @@ def precise_bn(model: nn.Module, batches: Iterable, num_samples: int | None = 40
 
         def source():
             return iter(batches)
-    if head is None:
-        raise BnlabError("batches gave no batch; PreciseBN needs at least one.")
+    # Every rank learns whether any rank has nothing, so all refuse together (none waits).
+    empty = torch.tensor([float(head is None)], device=device)
+    dist.all_reduce_max(empty)
+    if empty.item():
+        raise BnlabError("a rank's batches gave no batch; PreciseBN needs at least one on "
+                         "every rank.")
 
     def inputs() -> Iterable[torch.Tensor]:
         left = num_samples
         for batch in source():
-            x = pick(batch)
+            x = pick(batch).to(device, non_blocking=True)
             if left is not None:
                 x, left = x[:left], left - min(left, len(x))
             if len(x):
@@ -267,4 +279,26 @@ def precise_bn(model: nn.Module, batches: Iterable, num_samples: int | None = 40
             if left == 0:
                 return
 
-    return recalibrate(model, inputs, estimator, pooling, progress, sample=pick(head)[:1])
+    sample = pick(head)[:1].to(device)
+    return recalibrate(model, inputs, estimator, pooling, progress, sample=sample)
+
+
+@contextlib.contextmanager
+def _local_statistics(model: nn.Module):
+    """SyncBN layers normalize with this rank's batch during PreciseBN's passes, so ranks with
+    different numbers of batches never wait on each other's collectives (the statistics
+    PreciseBN measures are reduced once, at the end)."""
+    synced = [m for m in model.modules() if isinstance(m, RankBatchNorm) and m.sync != "none"]
+    torch_sync = [m for m in model.modules() if type(m) is nn.SyncBatchNorm]
+    old = [m.sync for m in synced]
+    for m in synced:
+        m.sync = "none"
+    for m in torch_sync:
+        m.__class__ = BatchNormXd  # the same layer and state, without the collective
+    try:
+        yield
+    finally:
+        for m, sync in zip(synced, old, strict=True):
+            m.sync = sync
+        for m in torch_sync:
+            m.__class__ = nn.SyncBatchNorm

@@ -63,18 +63,21 @@ def _worker(mode: str) -> dict:
     means, variances = _rank_stats()
     bn.running_mean.copy_(means[env.rank])
     bn.running_var.copy_(variances[env.rank])
-    bnlab.sync_bn_stats(nn.Sequential(bn), mode)
+    out = bnlab.sync_bn_stats(nn.Sequential(bn), mode)
     dist.teardown()
-    return {"mean": bn.running_mean.numpy().copy(), "var": bn.running_var.numpy().copy()}
+    return {"mean": bn.running_mean.numpy().copy(), "var": bn.running_var.numpy().copy(),
+            "gap": out["bn_sync/reduce_var_gap"]}
 
 
-@pytest.mark.parametrize("mode", ["reduce", "pooled"])
+@pytest.mark.parametrize("mode", ["broadcast", "reduce", "pooled"])
 def test_gloo_ranks_agree_with_the_simulation(mode):
     res = dist.launch_local(_worker, W, mode)
     mean, var = _expected(mode)
+    simulated = bnlab.sync_bn_stats(nn.Sequential(_simulated()), mode)["bn_sync/reduce_var_gap"]
     for r in res:
         np.testing.assert_allclose(r["mean"], mean, rtol=1e-6)
         np.testing.assert_allclose(r["var"], var, rtol=1e-6)
+        assert r["gap"] == pytest.approx(simulated, rel=1e-6)
 
 
 def test_none_changes_nothing_and_unknown_is_refused():
@@ -92,9 +95,14 @@ def test_trainer_syncs_at_each_epoch_end_and_warns_when_moot(tmp_path):
                   f"output_dir={tmp_path / 'own'}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "warning" not in r.stdout + r.stderr
-    rows = read_jsonl(run_dirs(tmp_path / "own")[0] / "metrics.jsonl")
+    run = run_dirs(tmp_path / "own")[0]
+    rows = read_jsonl(run / "metrics.jsonl")
     gaps = [x["bn_sync/reduce_var_gap"] for x in rows if "bn_sync/reduce_var_gap" in x]
     assert len(gaps) == 1 and 0 < gaps[0] < 1  # one epoch end; ranks kept their own EMAs
+    ranks = torch.load(run / "checkpoint.pt", weights_only=True)["rank_bn_stats"]
+    assert len(ranks) == 2 and ranks[0].keys() == ranks[1].keys()
+    for name, (mean, var) in ranks[0].items():  # after the sync both ranks hold the union
+        assert torch.equal(mean, ranks[1][name][0]) and torch.equal(var, ranks[1][name][1])
     r = run_entry("train.py", *common, "max_steps=2", f"output_dir={tmp_path / 'moot'}",
                   cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]

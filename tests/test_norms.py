@@ -224,6 +224,15 @@ def test_a_subclass_with_its_own_forward_or_children_is_refused_by_name():
         assert m[1] is layer and isinstance(m[2], RankBatchNorm)
 
 
+def test_a_shared_layer_stays_shared_and_a_refused_model_says_so():
+    shared = nn.BatchNorm2d(3)
+    m = nn.Sequential(nn.Sequential(shared), nn.Sequential(shared))
+    bnlab.convert(m, "syncbn")
+    assert m[0][0] is m[1][0] and isinstance(m[0][0], RankBatchNorm)
+    with pytest.raises(BnlabError, match="the model is itself a BatchNormAct2d"):
+        bnlab.convert(BatchNormAct2d(3), "syncbn")
+
+
 class PlainSubclass(nn.BatchNorm2d):
     pass
 

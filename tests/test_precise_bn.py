@@ -13,7 +13,7 @@ import bnlab
 from bnlab import dist
 from bnlab.errors import BnlabError
 from bnlab.metrics import read_jsonl
-from bnlab.norms import convert
+from bnlab.norms import RankBatchNorm, convert
 from bnlab.precise_bn import recalibrate
 from conftest import SMOKE, needs_cifar, run_dirs, run_entry
 
@@ -202,10 +202,28 @@ def test_only_bn_statistics_change_modes_and_random_state_kept():
     rng = torch.get_rng_state()
     bnlab.precise_bn(model, _images(32).split(8))
     assert torch.equal(torch.get_rng_state(), rng)
+    shuffled = torch.utils.data.DataLoader(_images(32), batch_size=8, shuffle=True)
+    bnlab.precise_bn(model, shuffled)  # starting a DataLoader draws a seed: inside the fork
+    assert torch.equal(torch.get_rng_state(), rng)
     assert [m.training for m in model.modules()] == modes
     changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
     assert changed == {"trunk.1.running_mean", "trunk.1.running_var",
                        "head.1.running_mean", "head.1.running_var"}
+
+
+def test_half_models_sum_squares_in_fp32():
+    x = _images(64) * 8 + 40  # fp16 squares of these sum past 65504
+    bn = nn.Sequential(nn.BatchNorm2d(3)).half()
+    mean, var = bnlab.precise_bn(bn, [x.half()])["0"]
+    ref_mean, ref_var = _stats(x.half().float())
+    _close(mean, ref_mean, "mean")
+    np.testing.assert_allclose(var.double().numpy(), ref_var.numpy(), rtol=2e-3)
+
+
+def test_frozen_bn_keeps_its_asked_mode_through_precise_bn_and_revert():
+    model = bnlab.convert(_Net(), "frozen_bn").train()
+    bnlab.precise_bn(model, _images(32).split(8), estimator="eval")
+    assert bnlab.revert(model).trunk[1].training  # the model was training
 
 
 class _Twice(nn.Module):
@@ -229,18 +247,31 @@ def test_bad_input_is_one_sentence():
         bnlab.precise_bn(_Net(), [])
 
 
-def _public_worker(sizes) -> dict:
+def _public_worker(sizes, kind) -> dict:
     env = dist.init("cpu", "gloo", threads=1)
     x = _images(sum(sizes))
     share = x[sum(sizes[:env.rank]):sum(sizes[:env.rank + 1])]  # unequal shares
-    stats = bnlab.precise_bn(_Net(), _loader(share, 8), num_samples=None)
-    dist.teardown()
+    model = bnlab.convert(_Net(), kind)  # syncbn: 5 batches on one rank, 3 on the other
+    try:
+        stats = bnlab.precise_bn(model, _loader(share, 8), num_samples=None)
+    except BnlabError as e:
+        return {"error": str(e)}
+    finally:
+        dist.teardown()
+    assert all(m.sync == ("exact" if kind == "syncbn" else "none")
+               for m in model.modules() if isinstance(m, RankBatchNorm))
     return {k: (m.numpy(), v.numpy()) for k, (m, v) in stats.items()}
 
 
-def test_precise_bn_on_two_gloo_ranks_gives_each_the_union():
+def test_a_rank_without_batches_makes_every_rank_refuse():
+    res = dist.launch_local(_public_worker, 2, [16, 0], "bn")
+    assert all("a rank's batches gave no batch" in r["error"] for r in res)
+
+
+@pytest.mark.parametrize("kind", ["bn", "syncbn"])
+def test_precise_bn_on_two_gloo_ranks_gives_each_the_union(kind):
     sizes = [40, 24]
-    res = dist.launch_local(_public_worker, 2, sizes)
+    res = dist.launch_local(_public_worker, 2, sizes, kind)
     x = _images(64)
     with torch.no_grad():
         mean, var = _stats(_Net().trunk[0](x))
