@@ -96,8 +96,10 @@ def main() -> None:
     if rank == 0:
         print(f"val acc after PreciseBN: {100 * right[0] / right[1]:.2f}% "
               f"({int(right[1])} images, {world} ranks)")
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    # After main() returns: DDP and the loaders are gone while the process group still lives
+    # (tearing the group down first left a rank hanging at exit now and then, on gloo).
+    dist.destroy_process_group()

@@ -88,6 +88,7 @@ def test_none_changes_nothing_and_unknown_is_refused():
         bnlab.sync_bn_stats(bn, "mean")
 
 
+@pytest.mark.slow  # CI time (42 s); make test-slow runs it
 @needs_cifar
 def test_trainer_syncs_at_each_epoch_end_and_warns_when_moot(tmp_path):
     common = [*SMOKE, "dist.simulate=2", "batch_per_gpu=4", "dist.bn_sync=pooled"]

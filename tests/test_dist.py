@@ -84,6 +84,7 @@ def _accum_worker(norm: str, b: int, k: int) -> dict:
     return grads
 
 
+@pytest.mark.slow  # CI time (31 s); make test-slow runs it
 def test_grad_accum_equals_one_big_batch():
     """2 ranks x 4 images x grad_accum 2 gives the gradient of one batch of 16."""
     for norm in ("gn", "bn"):

@@ -122,6 +122,7 @@ def test_two_gloo_ranks_hold_identical_statistics_of_the_union(estimator):
             _close(r[layer][1], var, f"{estimator} layer {layer} var")
 
 
+@pytest.mark.slow  # CI time (18 s); make test-slow runs it
 @needs_cifar
 def test_trainer_logs_precise_bn_next_to_val_acc(tmp_path):
     r = run_entry("train.py", *SMOKE, f"output_dir={tmp_path}", "precise_bn=end",

@@ -96,6 +96,7 @@ def test_kill_9_mid_epoch_then_resume_reproduces_the_run_bitwise(reference, tmp_
     assert info["resumed"][0]["machine"] == info["machine"]
 
 
+@pytest.mark.slow  # CI time (31 s); make test-slow runs it
 def test_sigterm_checkpoints_at_the_next_step_and_the_next_launch_resumes(reference, tmp_path):
     d = tmp_path / "run"
     proc = start(SIM, d, tmp_path / "first.log")
@@ -135,6 +136,7 @@ def test_a_dead_rank_stops_the_others_marks_the_run_failed_and_relaunch_resumes(
     assert_same_run(ref, d)
 
 
+@pytest.mark.slow  # CI time (46 s); make test-slow runs it
 def test_nan_loss_marks_the_run_diverged_and_a_multirun_goes_on(tmp_path):
     p = run_entry("train.py", *TINY, "optim.lr=1e6", "optim.momentum=0",
                   f"hydra.run.dir={tmp_path / 'a'}", cwd=tmp_path)

@@ -95,6 +95,7 @@ def test_refuses_to_write_into_a_finished_run(single_run, tmp_path):
     assert (single_run / "metrics.jsonl").read_bytes() == before
 
 
+@pytest.mark.slow  # CI time (22 s); make test-slow runs it
 def test_torchrun_two_ranks_make_exactly_one_run_directory(tmp_path):
     _train(tmp_path, "record.predictions=true", "record.decompose=true",
            "record.decompose_samples=128", launcher=TORCHRUN + ["--nproc_per_node=2"])
@@ -145,6 +146,7 @@ def test_ranks_started_seconds_apart_share_one_stamp(tmp_path):
     assert len(stamps) == 1 and all(stamps)
 
 
+@pytest.mark.slow  # CI time (14 s); make test-slow runs it
 def test_wandb_logger_goes_offline_without_an_api_key(tmp_path):
     r = run_entry("train.py", *SMOKE, f"output_dir={tmp_path}/out", "logger=wandb",
                   "data.train_limit=64", cwd=tmp_path,
@@ -194,6 +196,7 @@ def test_recording_predictions_and_decomposing_never_change_training(single_run,
             [r[key] for r in evals], abs=1e-9), kind
 
 
+@pytest.mark.slow  # CI time (24 s); make test-slow runs it
 def test_decomposing_simulated_syncbn_ranks_never_changes_training(tmp_path):
     """The headline setting (simulated ranks, SyncBN, 2 images per rank, constant rate) on
     generated data: recording and decomposing every evaluation leave the run's numbers and

@@ -79,6 +79,7 @@ def tiny_spec(tmp_path: Path, num_train: int = 64) -> Spec:
     return load_spec(spec)
 
 
+@pytest.mark.slow  # CI time (40 s); make test-slow runs it
 def test_sweep_runs_cells_skips_finished_ones_and_sets_unfinished_aside(tmp_path):
     spec = tiny_spec(tmp_path)
     root = tmp_path / "runs"
