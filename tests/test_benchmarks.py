@@ -88,6 +88,7 @@ def test_observed_sweep_throughput_comes_from_the_runs_records(tmp_path):
     assert "| bn (resnet18-bn-4x2) | 1 | 2 | 400 s | 300-500 s | 2 | 18.0 |" in lines
 
 
+@pytest.mark.slow  # CI time (14 s); make test-slow runs it
 def test_unknown_section_is_one_sentence():
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench.py"), "--only", "nope"],
                        capture_output=True, text=True, timeout=120)

@@ -46,6 +46,7 @@ def _gather_worker() -> list:
     return [{n: (a.numpy(), b.numpy()) for n, (a, b) in s.items()} for s in stats]
 
 
+@pytest.mark.slow  # CI time (15 s); make test-slow runs it
 def test_rank_running_stats_gathers_every_rank():
     res = dist.launch_local(_gather_worker, 2)
     for stats in res:  # every rank receives all ranks' statistics, in rank order

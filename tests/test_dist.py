@@ -37,6 +37,7 @@ def _meter_worker(steps: int) -> dict:
     return out
 
 
+@pytest.mark.slow  # CI time (14 s); make test-slow runs it
 def test_logged_loss_is_the_mean_over_every_step_and_rank():
     world, steps = 2, 7
     results = dist.launch_local(_meter_worker, world, steps)

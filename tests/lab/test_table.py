@@ -41,6 +41,7 @@ def tiny_table(tmp_path: Path) -> Table:
     return Table("tiny", ("C99",), load, render, verdicts, measure=measure, spec=spec)
 
 
+@pytest.mark.slow  # CI time (17 s); make test-slow runs it
 def test_a_table_trains_measures_and_writes_then_rebuilds_from_what_it_kept(tmp_path, capsys):
     table = tiny_table(tmp_path)
     args = ["tiny", "--jobs", "2", "--runs", str(tmp_path / "runs"), "--experiments",
