@@ -43,12 +43,23 @@ def _rank_stats(bn: _BatchNorm) -> tuple[torch.Tensor, torch.Tensor, bool]:
     return bn.running_mean.view(1, -1), bn.running_var.view(1, -1), False
 
 
+def _pool(means: torch.Tensor, variances: torch.Tensor):
+    """From (W, C) per-rank means and variances, in float64: the mean of the means, the mean
+    of the variances (`reduce`) and the spread of the means (what `pooled` adds)."""
+    means, variances = means.double(), variances.double()
+    mean = means.mean(0)
+    return mean, variances.mean(0), (means - mean).pow(2).mean(0)
+
+
+def _gap(reduced: torch.Tensor, spread: torch.Tensor) -> float:
+    return (spread / (reduced + spread).clamp_min(1e-12)).mean().item()
+
+
 def reduce_var_gap(means: torch.Tensor, variances: torch.Tensor) -> float:
     """From (W, C) per-rank running means and variances: the share of the pooled variance
     that `reduce` misses (the spread of the rank means), averaged over channels."""
-    means, variances = means.double(), variances.double()
-    spread = (means - means.mean(0)).pow(2).mean(0)
-    return (spread / (variances.mean(0) + spread).clamp_min(1e-12)).mean().item()
+    _, reduced, spread = _pool(means, variances)
+    return _gap(reduced, spread)
 
 
 @torch.no_grad()
@@ -69,10 +80,9 @@ def sync_bn_stats(model: nn.Module, mode: str = "pooled") -> dict[str, float]:
         if not isinstance(m, _BatchNorm) or m.running_mean is None:
             continue
         means, variances, simulated = _rank_stats(m)
-        mean = means.double().mean(0)
-        reduced = variances.double().mean(0)
-        pooled = reduced + (means.double() - mean).pow(2).mean(0)
-        gaps.append(reduce_var_gap(means, variances))
+        mean, reduced, spread = _pool(means, variances)
+        pooled = reduced + spread
+        gaps.append(_gap(reduced, spread))
         if mode == "broadcast":
             new_mean, new_var = means[0].clone(), variances[0].clone()
         else:

@@ -160,9 +160,16 @@ def recalibrate(model: nn.Module, batches: Callable[[], Iterable[torch.Tensor]],
     generator); the train/eval mode of every module is restored.
     """
     assert estimator in ESTIMATORS and pooling in POOLINGS, (estimator, pooling)
-    cuda = sorted({p.device.index or 0 for p in model.parameters() if p.is_cuda})
-    with torch.random.fork_rng(devices=cuda):
+    with _forked_rng(model):
         return _recalibrate(model, batches, estimator, pooling, progress, sample)
+
+
+def _forked_rng(model: nn.Module):
+    """Random draws inside (dropout in a train-mode pass, a DataLoader's seed) leave the
+    caller's generators as they were: CPU and every CUDA device the model is on."""
+    cuda = sorted({t.device.index or 0 for t in itertools.chain(model.parameters(),
+                                                                 model.buffers()) if t.is_cuda})
+    return torch.random.fork_rng(devices=cuda)
 
 
 def _recalibrate(model, batches, estimator, pooling, progress, sample):
@@ -241,9 +248,7 @@ def precise_bn(model: nn.Module, batches: Iterable, num_samples: int | None = 40
         raise BnlabError("the eval estimator reads the batches once per BN layer, and a "
                          "generator or iterator can be read only once; pass a list or a "
                          "DataLoader, or use estimator='train'.")
-    cuda = sorted({t.device.index or 0 for t in itertools.chain(model.parameters(),
-                                                                 model.buffers()) if t.is_cuda})
-    with torch.random.fork_rng(devices=cuda), _local_statistics(model):
+    with _forked_rng(model), _local_statistics(model):
         return _precise_bn(model, batches, num_samples, estimator, pooling,
                            input_fn or _model_input, progress)
 
