@@ -343,10 +343,15 @@ def c4(d: RunsData) -> Verdict:
 
 
 def c4_outcome(base: str, out: dict[str, str]) -> str:
-    """C4 from C1's outcome on C4_MODEL and each variant's (survives, gone, or why not)."""
-    if base == "not run yet" or "not run yet" in out.values():
+    """C4 from C1's outcome on C4_MODEL and each variant's (survives, gone, or why not). Without
+    C1's effect there, C4 is untestable whatever its own cells show, so it waits only for C1."""
+    if base == "not run yet":
         return "not run yet"
-    if base not in ("reproduced", "partly") or "untestable" in out.values():
+    if base not in ("reproduced", "partly"):
+        return "untestable"
+    if "not run yet" in out.values():
+        return "not run yet"
+    if "untestable" in out.values():
         return "untestable"
     n = sum(o == "survives" for o in out.values())
     return "reproduced" if n == len(VARIANTS) else "partly" if n else "not reproduced"

@@ -213,6 +213,8 @@ def test_c4_is_ruled_only_where_c1_holds(tmp_path):
     d.cells += variant_cells(tmp_path, {"bn": 4.0, "syncbn": 1.0})
     assert plateau.c4(d).verdict == "reproduced"
     flat = data(tmp_path / "flat", {"bn": 1.0, "syncbn": 1.0, "gn": 1.0, "frozen_bn": 1.0})
+    v = plateau.c4(flat)  # no effect to survive: its own cells cannot change the verdict
+    assert v.verdict == "untestable" and "fewer than 3 seeds finished" in v.ours
     flat.cells += variant_cells(tmp_path / "flat", {"bn": 4.0, "syncbn": 1.0})
     v = plateau.c4(flat)
     assert v.verdict == "untestable" and "no effect to survive" in v.why
