@@ -2,8 +2,10 @@
 
 `${run_stamp:}` replaces `${now:}` in run-directory names. Under torchrun every rank composes
 its own config, and `${now:}` resolves per process, so ranks that start a second apart would
-create one directory each. The stamp is instead the start time of the torchrun agent that
-spawned the ranks (their shared parent), so all local ranks of a run agree.
+create one directory each, and so would the agents of a multi-node run. The stamp is instead
+the run's own: the SLURM job's id, else the one rank 0 leaves in the rendezvous store that
+every torchrun agent of the run shares (the start time of rank 0's agent), else the start
+time of the local agent.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from omegaconf import OmegaConf
 
 FORMAT = "%Y-%m-%d_%H-%M-%S"
 _stamp: str | None = None
+STORE_TIMEOUT_S = 300  # how long a rank waits for rank 0's stamp
 
 
 def _parent_start_time() -> float | None:
@@ -30,9 +33,30 @@ def _parent_start_time() -> float | None:
         return None
 
 
+def _rendezvous_stamp(own: str) -> str | None:
+    """Rank 0's stamp, through the store torchrun's agents share for this run: rank 0 leaves
+    `own` (its agent's start time) and every other rank, on any node, waits for it. None
+    where torchrun gives its workers no such store."""
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_PORT" not in env:
+        return None
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    store = TCPStore(env.get("MASTER_ADDR", "127.0.0.1"), int(env["MASTER_PORT"]),
+                     is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT_S))
+    key = f"bnlab/run_stamp/{env.get('TORCHELASTIC_RUN_ID', '')}"
+    if env.get("RANK") == "0":
+        store.set(key, own)
+        return own
+    return store.get(key).decode()
+
+
 def run_stamp() -> str:
-    """One timestamp per run: $BNLAB_RUN_STAMP, else the SLURM job (all its tasks, and the
-    job again after a requeue), else the torchrun agent's start, else now."""
+    """One stamp per run: $BNLAB_RUN_STAMP, else the SLURM job (all its tasks, and the job
+    again after a requeue), else rank 0's under torchrun (every agent, on any node), else
+    the local agent's start, else now."""
     global _stamp
     if _stamp is None:
         _stamp = os.environ.get("BNLAB_RUN_STAMP")
@@ -40,7 +64,9 @@ def run_stamp() -> str:
         _stamp = "slurm-" + os.environ.get("SLURM_ARRAY_JOB_ID", os.environ["SLURM_JOB_ID"])
     if _stamp is None:
         t = _parent_start_time() if "TORCHELASTIC_RUN_ID" in os.environ else None
-        _stamp = time.strftime(FORMAT, time.localtime(t if t is not None else time.time()))
+        own = time.strftime(FORMAT, time.localtime(t if t is not None else time.time()))
+        shared = _rendezvous_stamp(own) if "TORCHELASTIC_RUN_ID" in os.environ else None
+        _stamp = shared or own
     return _stamp
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -116,6 +117,29 @@ def test_slurm_tasks_become_ranks_and_share_one_run_directory(monkeypatch):
     monkeypatch.setattr(hydra_setup, "_stamp", None)
     assert hydra_setup.run_stamp() == "slurm-777"
     monkeypatch.setattr(hydra_setup, "_stamp", None)
+
+
+def test_torchrun_ranks_take_rank_0s_stamp_from_the_rendezvous_store():
+    """Ranks of one run under agents that started at different times (here: rank 1 under a
+    shell started 1.2 s later) agree on rank 0's stamp, read from the agents' store."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
+    code = "from bnlab.hydra_setup import run_stamp; print(run_stamp())"
+    base = {k: v for k, v in os.environ.items() if k != "BNLAB_RUN_STAMP"}
+    base.update(TORCHELASTIC_RUN_ID="none", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
+    procs = []
+    for use_store in ("True", "False"):  # with the store, and (what it fixes) without
+        for rank in ("1", "0"):  # rank 1 first: it waits for rank 0
+            cmd = ["bash", "-c", f"{sys.executable} -c '{code}'; true"]  # bash: a new parent
+            env = {**base, "RANK": rank, "TORCHELASTIC_USE_AGENT_STORE": use_store}
+            procs.append(subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.PIPE))
+            time.sleep(1.2)
+    stamps = [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert stamps[0] == stamps[1] and stamps[0]
+    assert stamps[2] != stamps[3]  # each its own agent's start, seconds apart
 
 
 # -- C11: every process started as rank 0 ------------------------------------------------------

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 import time
@@ -14,10 +16,16 @@ import yaml
 from bnlab import jitter
 from bnlab.metrics import read_jsonl, read_predictions
 from bnlab.rundir import machine
-from conftest import SMOKE, needs_cifar, run_dirs, run_entry
+from conftest import ROOT, SMOKE, needs_cifar, run_dirs, run_entry
 
 pytestmark = needs_cifar
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _train(tmp_path, *extra, launcher=None, sub="out", flags=()):
@@ -117,6 +125,29 @@ def test_torchrun_two_ranks_make_exactly_one_run_directory(tmp_path):
         assert kinds[kind][1].shape == (2, 128)
         assert list(jitter.accuracy(kinds[kind][1], labels)) == pytest.approx(
             [r[key] for r in evals], abs=1e-9), kind
+
+
+def test_two_torchrun_agents_leave_exactly_one_run_directory(tmp_path):
+    """A 2-node run as two torchrun agents on this machine (c10d rendezvous, no --rdzv-id,
+    no BNLAB_RUN_STAMP, started 1.5 s apart): every rank takes rank 0's stamp from the
+    rendezvous, so the run leaves one directory, completed by its 2 ranks."""
+    port = free_port()
+    agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+             "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", str(ROOT / "train.py"),
+             *SMOKE, f"output_dir={tmp_path / 'out'}"]
+    env = {k: v for k, v in os.environ.items() if k != "BNLAB_RUN_STAMP"}
+    procs = []
+    for _ in range(2):
+        procs.append(subprocess.Popen(agent, cwd=tmp_path, env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        time.sleep(1.5)
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+    dirs = [p for p in (tmp_path / "out").rglob("*") if p.is_dir()]
+    assert len(dirs) == 2, dirs  # out/train and out/train/<stamp>: one run directory
+    (d,) = run_dirs(tmp_path)
+    assert json.loads((d / "run.json").read_text())["world"] == 2
+    assert json.loads((d / "status.json").read_text())["status"] == "completed"
 
 
 @pytest.mark.slow  # multirun and 2-rank local launch are each covered in test_resume
