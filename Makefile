@@ -14,7 +14,10 @@ export BNLAB_TEST_DATA ?= $(abspath ../shared/data/cifar10-mini)
 	table-precisebn layout table-lrpilot table-plateau table-decompose
 JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 # make table-X runs bnlab/claims/X.py: its sweep (DATA, JOBS, RUNS), what it measures, experiments/X/
-CLAIMS = $(PY) -m bnlab.claims $(if $(DATA),--data $(DATA)) $(if $(RUNS),--runs $(RUNS)) --jobs $(JOBS)
+# LAUNCH: where the sweep's runs go (default this machine), e.g. LAUNCH="--launcher slurm
+# --partition gpu --gpus-per-node 1 --time 240" (python -m bnlab.lab.sweep --help lists them)
+LAUNCH ?=
+CLAIMS = $(PY) -m bnlab.claims $(if $(DATA),--data $(DATA)) $(if $(RUNS),--runs $(RUNS)) --jobs $(JOBS) $(LAUNCH)
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'

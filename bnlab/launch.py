@@ -25,7 +25,7 @@ from bnlab.rundir import read_status, set_status
 EXIT_FAILED = 1      # a rank failed (error, or a peer died); relaunch to resume
 EXIT_BAD_INPUT = 2   # refused before anything started; nothing written
 EXIT_DIVERGED = 3    # NaN/inf training loss with on_nan=stop
-EXIT_PREEMPTED = 75  # SIGTERM/SIGUSR1: checkpointed; relaunch the same command to resume
+EXIT_PREEMPTED = 75  # SIGTERM/SIGUSR1/SIGUSR2: checkpointed; relaunch the same command to resume
 
 
 def fail(msg: str, run_dir: Path | None = None, root: Path | None = None) -> None:

@@ -1,5 +1,5 @@
-"""Preemption: SIGTERM or SIGUSR1 (how SLURM and torchrun stop jobs) asks the trainer to
-checkpoint at the next step boundary and leave with status `preempted`."""
+"""Preemption: SIGTERM, SIGUSR1 or SIGUSR2 (how SLURM, torchrun and submitit stop jobs) asks
+the trainer to checkpoint at the next step boundary and leave with status `preempted`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from bnlab import dist
 
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 
 class StopRequest:

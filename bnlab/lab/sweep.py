@@ -1,6 +1,9 @@
-"""Run an experiment's grid (cells x seeds) as separate `train.py` runs, N at a time.
+"""Run an experiment's grid (cells x seeds) as separate `train.py` runs, N at a time, as
+submitit jobs: on this machine (the default) or on a SLURM cluster.
 
     python -m bnlab.lab.sweep experiments/jitter/sweep.yaml --data ../shared/data/cifar10-mini
+    python -m bnlab.lab.sweep experiments/jitter/sweep.yaml --launcher slurm --partition gpu \\
+        --gpus-per-node 1 --time 240 --jobs 16
 
 (`make table-<name>` runs its table's sweep through `python -m bnlab.claims <name>`.)
 
@@ -13,7 +16,9 @@ diverged) is never run again, so an interrupted sweep picks up where it stopped.
 
 SIGTERM or Ctrl-C stops the sweep cleanly: each running job checkpoints and stops as
 `preempted`, and the same command later resumes those runs from their checkpoints (a run
-left unfinished without a checkpoint is set aside and run again).
+left unfinished without a checkpoint is set aside and run again). On SLURM, a job warned of
+its time limit or preempted (SIGUSR2, `--signal-delay` seconds ahead) checkpoints its run and
+is requeued, and resumes it (`bnlab/lab/jobs.py`).
 """
 
 from __future__ import annotations
@@ -22,14 +27,12 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,39 +43,18 @@ from bnlab.checkpoint import CHECKPOINT
 from bnlab.cli import run_cli
 from bnlab.config import NOT_EXPERIMENT, without, without_added_later
 from bnlab.errors import BnlabError
+from bnlab.lab.jobs import LAUNCHERS, STOP_SIGNALS, Slurm, TrainJob, executor
 from bnlab.paths import CONFIGS, ROOT, RUNS, shown
 from bnlab.rundir import machine, read_status
 
 FINAL = ("completed", "diverged")  # a run with this status is a result: never re-run
 RUN_ONLY = ["progress=false", "checkpoint=true", "resume=auto"]
 PREEMPTED = 75  # the sweep's exit status when stopped by a signal (as train.py's)
-
-
-class Jobs:
-    """The live train.py processes, so a signal can stop them all and nothing new starts."""
-
-    def __init__(self, n: int = 1):
-        self.n = n  # runs side by side
-        self.lock, self.procs, self.stopping = threading.Lock(), set(), False
-
-    def start(self, cmd: list[str], **kw) -> subprocess.Popen | None:
-        with self.lock:
-            if self.stopping:
-                return None
-            proc = subprocess.Popen(cmd, **kw)
-            self.procs.add(proc)
-            return proc
-
-    def done(self, proc: subprocess.Popen) -> None:
-        with self.lock:
-            self.procs.discard(proc)
-
-    def stop(self, *_) -> None:
-        """Each running job checkpoints and stops (train.py handles SIGTERM at a step)."""
-        with self.lock:
-            self.stopping = True
-            for proc in self.procs:
-                proc.send_signal(signal.SIGTERM)
+SUBMITIT = ".submitit"  # submitit's folder of job pickles and logs, under runs/<tag>/
+JOB_RECORD = "job.json"  # the SLURM job a run was last submitted as
+SLURM_ALIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING",
+               "SUSPENDED")
+POLL_S, SLURM_POLL_S = 0.5, 30.0
 
 
 @dataclass
@@ -201,42 +183,6 @@ def resumable(d: Path) -> bool:
     return (d / CHECKPOINT).is_file()
 
 
-def launch(cell: Cell, seed: int, d: Path, data: str | None, threads: int,
-           extra: list[str], jobs: Jobs) -> tuple[str, float]:
-    """One train.py run in its own process (resuming the run in `d` if it has a checkpoint);
-    returns (status, wall seconds of this launch). sweep.json sums the wall time of all
-    launches of the run."""
-    if jobs.stopping:  # the sweep is stopping: this run never starts
-        return "not started", 0.0
-    d.mkdir(parents=True, exist_ok=True)
-    before = json.loads((d / "sweep.json").read_text()) if (d / "sweep.json").is_file() else {}
-    cmd = [sys.executable, str(ROOT / "train.py"), *cell.overrides, *data_overrides(data),
-           f"seed={seed}", f"hydra.run.dir={d}", f"dist.threads={threads}", *RUN_ONLY, *extra]
-    t0 = time.perf_counter()
-    with open(d / "train.log", "a" if before else "w") as log:
-        kw = dict(cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        proc = jobs.start(cmd, **kw)
-        if proc is None:
-            return "not started", 0.0
-        rc = proc.wait()
-        jobs.done(proc)
-    wall = time.perf_counter() - t0
-    if rc == -signal.SIGTERM and jobs.stopping and read_status(d) is None and not before:
-        # The sweep's own SIGTERM came before train.py could handle it: the run never began.
-        shutil.rmtree(d)
-        return "not started", 0.0
-    status = read_status(d) or "failed"
-    if rc != 0 and status == "running":
-        status = "failed"
-    rec = {"cell": cell.label, "seed": seed, "rc": rc,
-           "wall_s": round(before.get("wall_s", 0.0) + wall, 1), "threads": threads,
-           "jobs": jobs.n,
-           "launches": before.get("launches", 1 if before else 0) + 1}
-    (d / "sweep.json").write_text(json.dumps(rec) + "\n")
-    return status, wall
-
-
 def plan(specs: Spec | list[Spec], tag: str, root: Path = RUNS) -> list[tuple[Cell, int, Path]]:
     """Every (cell, seed, dir), each dir once: cells with a higher `order` last, then
     seed-major, so early results cover every cell."""
@@ -253,8 +199,66 @@ def plan(specs: Spec | list[Spec], tag: str, root: Path = RUNS) -> list[tuple[Ce
     return out
 
 
+def train_job(cell: Cell, seed: int, d: Path, data: str | None, threads: int, jobs: int,
+              extra: list[str]) -> TrainJob:
+    """The `train.py` command of one run (resuming the run in `d` if it has a checkpoint)."""
+    cmd = [sys.executable, str(ROOT / "train.py"), *cell.overrides, *data_overrides(data),
+           f"seed={seed}", f"hydra.run.dir={d}", f"dist.threads={threads}", *RUN_ONLY, *extra]
+    return TrainJob(cmd, str(d), str(ROOT), cell.label, seed, threads, jobs)
+
+
+class Stop:
+    """SIGTERM or Ctrl-C while the sweep runs: nothing new starts and every running job is
+    asked to checkpoint. The jobs themselves ignore Ctrl-C from the terminal (they inherit an
+    ignored SIGINT), so the sweep is the one that stops them, in order."""
+
+    def __init__(self):
+        self.asked = False
+        self.handlers: dict = {}
+
+    def __enter__(self) -> Stop:
+        if threading.current_thread() is threading.main_thread():
+            self.handlers = {s: signal.signal(s, self._ask) for s in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self.handlers.items():
+            signal.signal(s, h)
+
+    def _ask(self, *_) -> None:
+        self.asked = True
+
+    def submit(self, ex, job: TrainJob):
+        """Submit with SIGINT ignored, so that the job's processes inherit it ignored."""
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN) if self.handlers else None
+        try:
+            return ex.submit(job)
+        finally:
+            if old is not None:
+                signal.signal(signal.SIGINT, old)
+
+
+def job_result(job, d: Path) -> tuple[str, float]:
+    """How a finished job's run ended: the job's own report, else the run's status.json."""
+    try:
+        res = job.result()
+        return res["status"], res["wall_s"]
+    except Exception:  # the job died without a report (killed, out of memory)
+        status = read_status(d)
+        return ("failed" if status in (None, "running") else status), 0.0
+
+
+def submit_folder(root: Path, tag: str) -> Path:
+    """Where submitit keeps each job's pickles and logs (ignored by git)."""
+    return root / tag / SUBMITIT / "%j"
+
+
 def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | None = None,
-          root: Path = RUNS) -> dict[str, int]:
+          root: Path = RUNS, launcher: str = "local", slurm: Slurm | None = None,
+          wait: bool = True) -> dict[str, int]:
+    """Run every unfinished run of `specs` through submitit, `jobs` at a time; returns how
+    many ended how. `launcher="slurm"` submits them as one SLURM job array instead (with
+    `slurm`'s resources; `wait=False` returns once they are submitted)."""
     tag = data_tag(specs[0].cells[0].cfg)
     name = "+".join(s.name for s in specs)
     todo = []
@@ -262,31 +266,47 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
         status = read_status(d)
         if status in FINAL:
             continue
+        if launcher == "slurm" and (queued := slurm_job_alive(d)):
+            print(f"left alone, still {queued} on SLURM: {d}")
+            continue
         if d.exists() and not resumable(d):
             print(f"set aside unfinished run: {set_aside(d)}")
         elif d.exists():
             print(f"will resume {status or 'unfinished'} run: {d}")
         todo.append((cell, seed, d))
-    if todo:
+    if todo and launcher == "local":
         record_host(root / tag)
     total = len(plan(specs, tag, root))
+    where = f"{jobs} job(s) in parallel" if launcher == "local" else \
+        f"SLURM, at most {jobs} at a time"
     print(f"{name}: {total - len(todo)} of {total} runs already done under "
-          f"{root / tag}; running {len(todo)} with {jobs} job(s) in parallel")
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+          f"{root / tag}; running {len(todo)} with {where}")
+    threads = max(1, (os.cpu_count() or 1) // jobs) if launcher == "local" else \
+        (slurm or Slurm()).cpus_per_task or 1
+    runs = [train_job(c, s, d, data, threads, jobs, extra or []) for c, s, d in todo]
+    if launcher == "slurm":
+        return submit_slurm(todo, runs, root / tag, jobs, threads, slurm or Slurm(), wait)
     counts: dict[str, int] = {}
-    running = Jobs(jobs)
-    handlers = {}
-    if threading.current_thread() is threading.main_thread():
-        handlers = {sig: signal.signal(sig, running.stop) for sig in (signal.SIGTERM,
-                                                                      signal.SIGINT)}
-    try:
-        with ThreadPoolExecutor(max_workers=jobs) as pool, \
-                tqdm(total=len(todo), desc=name, unit="run", dynamic_ncols=True) as bar:
-            futs = {pool.submit(launch, c, s, d, data, threads, extra or [], running): (c, s, d)
-                    for c, s, d in todo}
-            for f in as_completed(futs):
-                cell, seed, d = futs[f]
-                status, wall = f.result()
+    queue = list(zip(todo, runs, strict=True))
+    running: dict = {}
+    ex = executor("local", submit_folder(root, tag))
+    with Stop() as stop, tqdm(total=len(todo), desc=name, unit="run", dynamic_ncols=True) as bar:
+        signalled = False
+        while queue or running:
+            while queue and len(running) < jobs and not stop.asked:
+                (cell, seed, d), run = queue.pop(0)
+                running[stop.submit(ex, run)] = (cell, seed, d)
+            if stop.asked and not signalled:
+                signalled = True
+                for job in running:  # submitit's controller passes it on to the job
+                    if job._process is not None and job._process.poll() is None:
+                        job._process.send_signal(signal.SIGTERM)
+            if stop.asked and queue:
+                counts["not started"] = counts.get("not started", 0) + len(queue)
+                queue = []
+            for job in [j for j in running if j.done()]:
+                cell, seed, d = running.pop(job)
+                status, wall = job_result(job, d)
                 counts[status] = counts.get(status, 0) + 1
                 if status == "not started":
                     continue
@@ -294,15 +314,72 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
                 if status not in FINAL and status != "preempted":
                     bar.write(f"    see {d / 'train.log'}")
                 bar.update(1)
-    finally:
-        for sig, h in handlers.items():
-            signal.signal(sig, h)
+            time.sleep(POLL_S)
+    return counts
+
+
+def slurm_job_alive(d: Path) -> str | None:
+    """The state of the SLURM job this run was last submitted as, if it is still queued or
+    running there (so the sweep does not submit it twice); else None."""
+    f = d / JOB_RECORD
+    if not f.is_file():
+        return None
+    rec = json.loads(f.read_text())
+    from submitit import SlurmJob
+
+    state = SlurmJob(rec["folder"], rec["job_id"]).state
+    return state if state in SLURM_ALIVE else None
+
+
+def submit_slurm(todo, runs: list[TrainJob], folder: Path, jobs: int, threads: int,
+                 slurm: Slurm, wait: bool) -> dict[str, int]:
+    """Submit the runs as one SLURM job array (at most `jobs` at a time) and record each
+    run's job id in its directory; with `wait`, follow them until they end."""
+    if not runs:
+        return {}
+    ranks = {c.cfg["dist"]["nproc_per_node"] for c, _, _ in todo}
+    counts: dict[str, int] = {}
+    submitted = []
+    for n in sorted(ranks):  # one array per number of ranks: each asks for its own tasks
+        group = [(t, r) for t, r in zip(todo, runs, strict=True)
+                 if t[0].cfg["dist"]["nproc_per_node"] == n]
+        ex = executor("slurm", folder / SUBMITIT / "%j", ranks=n, threads=threads, jobs=jobs,
+                      slurm=slurm)
+        with ex.batch():
+            pending = [ex.submit(r) for _, r in group]
+        for ((cell, seed, d), _), job in zip(group, pending, strict=True):
+            d.mkdir(parents=True, exist_ok=True)
+            (d / JOB_RECORD).write_text(json.dumps(
+                {"launcher": "slurm", "job_id": job.job_id, "folder": str(job.paths.folder),
+                 "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+            print(f"  submitted {cell.label} seed {seed} as SLURM job {job.job_id}  {d}")
+            submitted.append((job, cell, seed, d))
+    if not wait:
+        return {"submitted": len(submitted)}
+    with Stop() as stop:
+        live = list(submitted)
+        while live and not stop.asked:
+            for item in [x for x in live if x[0].done()]:
+                live.remove(item)
+                status, _ = job_result(item[0], item[3])
+                counts[status] = counts.get(status, 0) + 1
+                print(f"  {status:9s} {item[1].label} seed {item[2]}  {item[3]}")
+            time.sleep(SLURM_POLL_S)
+        if stop.asked:  # running jobs checkpoint (SIGTERM reaches train.py); queued ones go
+            for job, *_ in live:
+                subprocess.run(["scancel", "--signal=TERM", "--state=RUNNING", job.job_id])
+                subprocess.run(["scancel", "--state=PENDING", job.job_id])
+            counts["preempted"] = len(live)
     return counts
 
 
 def outcome(counts: dict[str, int], minutes: float) -> int:
     """Print how the sweep ended; its exit status: PREEMPTED when a signal stopped it (the
     same command resumes), 1 when a run failed, else 0."""
+    if counts.get("submitted"):
+        print(f"submitted {counts['submitted']} run(s) to SLURM in {minutes:.1f} min: the same "
+              "command follows them without --no-wait, and skips those still queued or running.")
+        return 0
     print(("finished: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
            if counts else "nothing to run") + f" in {minutes:.1f} min")
     if counts.get("preempted") or counts.get("not started"):
@@ -310,6 +387,55 @@ def outcome(counts: dict[str, int], minutes: float) -> int:
               "their checkpoints.")
         return PREEMPTED
     return 1 if any(s not in FINAL for s in counts) else 0
+
+
+def add_launcher_args(p: argparse.ArgumentParser) -> None:
+    """Where the runs go: this machine (default) or SLURM, with the job's resources."""
+    g = p.add_argument_group("launcher (submitit)")
+    g.add_argument("--launcher", choices=LAUNCHERS, default="local",
+                   help="local: on this machine, --jobs at a time (default); slurm: one job "
+                        "array, --jobs at a time")
+    g.add_argument("--partition", help="SLURM partition")
+    g.add_argument("--nodes", type=int, default=1, help="SLURM nodes per run (default 1)")
+    g.add_argument("--tasks-per-node", type=int,
+                   help="SLURM tasks per node, one rank each (default: the run's "
+                        "dist.nproc_per_node / --nodes)")
+    g.add_argument("--gpus-per-node", type=int, default=0, help="SLURM GPUs per node")
+    g.add_argument("--cpus-per-task", type=int, help="SLURM CPUs per task (default 1)")
+    g.add_argument("--time", type=int, default=24 * 60, help="SLURM time limit, minutes")
+    g.add_argument("--signal-delay", type=int, default=120,
+                   help="seconds before the time limit that SLURM asks the run to checkpoint; "
+                        "the job is then requeued and resumes (default 120)")
+    g.add_argument("--account", help="SLURM account")
+    g.add_argument("--qos", help="SLURM quality of service")
+    g.add_argument("--constraint", help="SLURM node constraint")
+    g.add_argument("--setup", action="append", default=[],
+                   help="a shell line run before each SLURM job (repeatable), e.g. "
+                        "'source .venv/bin/activate'")
+    g.add_argument("--no-wait", action="store_true",
+                   help="slurm: return once submitted (the same command later skips runs "
+                        "still queued or running)")
+
+
+def launcher_kwargs(a: argparse.Namespace) -> dict:
+    """sweep()'s launcher arguments from add_launcher_args' options."""
+    if a.launcher == "local":
+        slurm_only = [o for o in ("partition", "tasks_per_node", "cpus_per_task", "account",
+                                  "qos", "constraint") if getattr(a, o)]
+        if a.nodes != 1:
+            slurm_only.append("nodes")
+        if slurm_only:
+            flag = "--" + slurm_only[0].replace("_", "-")
+            raise BnlabError(f"{flag} is a SLURM option; add --launcher slurm, or leave it out.")
+        return {"launcher": "local"}
+    for name in ("nodes", "time", "signal_delay"):
+        if getattr(a, name) < 1:
+            raise BnlabError(f"--{name.replace('_', '-')}={getattr(a, name)} must be at least 1.")
+    slurm = Slurm(partition=a.partition, nodes=a.nodes, tasks_per_node=a.tasks_per_node,
+                  gpus_per_node=a.gpus_per_node, cpus_per_task=a.cpus_per_task,
+                  time_min=a.time, signal_delay_s=a.signal_delay, account=a.account, qos=a.qos,
+                  constraint=a.constraint, setup=list(a.setup))
+    return {"launcher": "slurm", "slurm": slurm, "wait": not a.no_wait}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,11 +447,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="list the runs and their state")
     p.add_argument("--runs", type=Path, default=RUNS,
                    help=f"folder of run directories (default {shown(RUNS)})")
+    add_launcher_args(p)
     a = p.parse_args(argv)
 
     def body() -> int:
         if a.jobs < 1:
             raise BnlabError(f"--jobs={a.jobs} must be at least 1.")
+        kw = launcher_kwargs(a)  # a wrong option fails before any spec is composed
         specs = [load_spec(s, a.data) for s in a.specs]
         if a.dry_run:
             tag = data_tag(specs[0].cells[0].cfg)
@@ -334,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{shown(d)}")
             return 0
         t0 = time.perf_counter()
-        counts = sweep(specs, a.data, a.jobs, root=a.runs)
+        counts = sweep(specs, a.data, a.jobs, root=a.runs, **kw)
         return outcome(counts, (time.perf_counter() - t0) / 60)
 
     return run_cli(body)

@@ -35,7 +35,16 @@ from bnlab.lab.results import (
     run_minutes,
     wall_minutes,
 )
-from bnlab.lab.sweep import Spec, data_tag, load_spec, outcome, read_hosts, sweep
+from bnlab.lab.sweep import (
+    Spec,
+    add_launcher_args,
+    data_tag,
+    launcher_kwargs,
+    load_spec,
+    outcome,
+    read_hosts,
+    sweep,
+)
 from bnlab.paths import EXPERIMENTS, ROOT, RUNS, shown
 
 # ----------------------------------------------------------------------------------------
@@ -427,6 +436,7 @@ def main(registry: dict[str, Table], argv: list[str] | None = None) -> int:
     p.add_argument("--tag", help="data tag: a folder of --runs (default: the only one)")
     p.add_argument("--experiments", type=Path, default=EXPERIMENTS,
                    help="where experiments/<name>/ and README.md are written")
+    add_launcher_args(p)
     a = p.parse_args(argv)
     tables = list(registry.values()) if "all" in a.names else \
         [registry[n] for n in dict.fromkeys(a.names)]
@@ -434,13 +444,16 @@ def main(registry: dict[str, Table], argv: list[str] | None = None) -> int:
     def body() -> int:
         if a.jobs < 1:
             raise BnlabError(f"--jobs={a.jobs} must be at least 1.")
+        kw = launcher_kwargs(a)
         t0, train_s = time.perf_counter(), 0.0
         ctxs = [Context(t, a.experiments, a.runs, a.tag, a.data) for t in tables]
         trained = [c for c in ctxs if c.table.trains]
         if not a.report and trained:  # every table's sweep in one pool: shared cells run once
             specs = [c.spec() for c in trained]
-            rc = outcome(sweep(specs, a.data, a.jobs, root=a.runs),
-                         (time.perf_counter() - t0) / 60)
+            counts = sweep(specs, a.data, a.jobs, root=a.runs, **kw)
+            rc = outcome(counts, (time.perf_counter() - t0) / 60)
+            if counts.get("submitted"):  # on SLURM, not finished: the tables wait for them
+                return rc
             if rc:
                 return rc
             train_s = time.perf_counter() - t0

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +18,8 @@ import pytest
 
 from bnlab import dist, trainer
 from bnlab.errors import BnlabError
-from bnlab.lab.sweep import Cell, Spec, compose, load_spec, plan, sweep
+from bnlab.lab.jobs import Slurm, TrainJob, executor
+from bnlab.lab.sweep import Cell, Spec, compose, load_spec, plan, sweep, train_job
 from bnlab.paths import EXPERIMENTS, ROOT
 from bnlab.rundir import read_status, set_status
 from conftest import CIFAR_MINI, needs_cifar, run_entry
@@ -129,21 +133,112 @@ def test_sigterm_stops_the_sweep_and_the_same_command_resumes_it(tmp_path):
     assert json.loads((first / "sweep.json").read_text())["launches"] == 2
 
 
-def test_a_run_killed_by_the_sweeps_signal_before_it_began_is_not_started(tmp_path):
+def test_a_run_stopped_before_it_began_is_not_started(tmp_path):
     """SIGTERM can reach train.py before it installs its handler (while it imports): that run
-    never began, so it is reported as not started and leaves no directory to set aside."""
-    from bnlab.lab.sweep import Jobs, launch
-
-    class Early(Jobs):
-        def start(self, cmd, **kw):
-            proc = super().start([sys.executable, "-c", "import time; time.sleep(60)"], **kw)
-            self.stop()
-            return proc
-
+    never began, so the job reports it not started and leaves no directory to set aside."""
     d = tmp_path / "cell" / "seed0"
-    cell = Cell("a", ["experiment=demo"], [0])
-    assert launch(cell, 0, d, None, 1, [], Early()) == ("not started", 0.0)
+    job = TrainJob([sys.executable, "-c", "import time; time.sleep(60)"], str(d), str(ROOT),
+                   "a", 0, 1, 1)
+    threading.Timer(2.0, job._forward, (signal.SIGTERM, None)).start()
+    assert job() == {"status": "not started", "wall_s": 0.0}
     assert not d.exists()
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+@pytest.mark.slow  # CI time; the SLURM submission test below covers the requeue's parameters
+def test_a_preempted_local_job_checkpoints_is_requeued_and_resumes(tmp_path):
+    """submitit's preemption signal (SIGUSR2, as SLURM sends it) reaching a running job: the
+    run checkpoints, the job is requeued, and the run resumes and completes in one job."""
+    spec = tiny_spec(tmp_path, num_train=512)
+    root = tmp_path / "runs"
+    (cell, seed, d), = plan(spec, "synthetic-512", root)[:1]
+    ex = executor("local", tmp_path / "submitit" / "%j")
+    job = ex.submit(train_job(cell, seed, d, None, 1, 1, []))
+    deadline = time.monotonic() + 120
+    while not (d / "metrics.jsonl").is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    (task,) = children(job._process.pid)  # the submitit job under its local controller
+    os.kill(task, signal.SIGUSR2)
+    assert job.result()["status"] == "completed"
+    rec = json.loads((d / "sweep.json").read_text())
+    assert rec["launches"] == 2 and rec["rc"] == 0
+    resumed = json.loads((d / "run.json").read_text())["resumed"]
+    assert len(resumed) == 1 and resumed[0]["from_step"] > 0
+    assert "preempted" in (d / "train.log").read_text()
+
+
+FAKE_SBATCH = """#!/bin/bash
+cp "$1" "{out}/sbatch-$(ls {out} | wc -l).sh"
+echo "Submitted batch job 4242"
+"""
+
+
+def fake_slurm(tmp_path: Path, monkeypatch, sacct_state: str = "RUNNING") -> Path:
+    """srun, sbatch and sacct stand-ins on PATH: sbatch keeps each script it is given."""
+    bin_, out = tmp_path / "bin", tmp_path / "sbatch"
+    bin_.mkdir()
+    out.mkdir()
+    scripts = {"srun": "#!/bin/bash\nexit 0\n", "sbatch": FAKE_SBATCH.format(out=out),
+               "sacct": f"#!/bin/bash\necho 'JobID|State|NodeList'\n"
+                        f"echo '4242_[0-1]|{sacct_state}|node1'\n"}
+    for name, text in scripts.items():
+        (bin_ / name).write_text(text)
+        (bin_ / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+    return out
+
+
+def test_slurm_submits_one_array_with_the_asked_resources(tmp_path, monkeypatch):
+    out = fake_slurm(tmp_path, monkeypatch)
+    spec = tiny_spec(tmp_path)
+    root = tmp_path / "runs"
+    slurm = Slurm(partition="gpu", gpus_per_node=1, time_min=90, signal_delay_s=100,
+                  setup=["source .venv/bin/activate"])
+    counts = sweep([spec], None, jobs=2, root=root, launcher="slurm", slurm=slurm, wait=False)
+    assert counts == {"submitted": 2}
+    (script,) = [f.read_text() for f in out.iterdir()]
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --gpus-per-node=1", "#SBATCH --time=90",
+                 "#SBATCH --signal=USR2@100", "#SBATCH --array=0-1%2", "#SBATCH --nodes=1",
+                 "#SBATCH --ntasks-per-node=1", "#SBATCH --cpus-per-task=1",
+                 "#SBATCH --job-name=bnlab", "source .venv/bin/activate"):
+        assert line in script.splitlines(), line
+    (run,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert "-m submitit.core._submit" in run
+    for i, (_, seed, d) in enumerate(plan(spec, "synthetic-64", root)):
+        rec = json.loads((d / "job.json").read_text())
+        assert rec["job_id"] == f"4242_{i}"
+        pickled = Path(rec["folder"]) / f"4242_{i}_submitted.pkl"
+        job = pickle.loads(pickled.read_bytes()).function
+        assert isinstance(job, TrainJob) and job.run_dir == str(d)
+        assert f"hydra.run.dir={d}" in job.cmd and f"seed={seed}" in job.cmd
+        assert "dist.threads=1" in job.cmd and "resume=auto" in job.cmd
+    # The same command again: both are still queued or running there, so nothing is resubmitted.
+    assert sweep([spec], None, jobs=2, root=root, launcher="slurm", slurm=slurm,
+                 wait=False) == {}
+    assert len(list(out.iterdir())) == 1
+
+
+def test_slurm_gives_a_real_ddp_cell_one_task_per_rank(tmp_path, monkeypatch):
+    out = fake_slurm(tmp_path, monkeypatch)
+    spec = tmp_path / "ddp" / "sweep.yaml"
+    spec.parent.mkdir()
+    spec.write_text("experiment: demo\nseeds: [0]\ncells:\n  - {label: a, overrides: "
+                    "[data=synthetic, data.num_train=64, dist.simulate=1, "
+                    "dist.nproc_per_node=2]}\n")
+    sweep([load_spec(spec)], None, jobs=1, root=tmp_path / "runs", launcher="slurm",
+          slurm=Slurm(nodes=2), wait=False)
+    (script,) = [f.read_text().splitlines() for f in out.iterdir()]
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=1" in script
+
+
+def test_slurm_options_without_the_slurm_launcher_are_refused():
+    r = run_entry("bnlab/lab/sweep.py", str(EXPERIMENTS / "jitter/sweep.yaml"), "--partition",
+                  "gpu", "--dry-run", cwd=ROOT)
+    assert r.returncode == 2 and "--partition is a SLURM option" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def smoke_cfg(cell: Cell) -> dict:
