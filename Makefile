@@ -9,7 +9,7 @@ DEMO_DIR := outputs/demo/$(STAMP)
 export BNLAB_TEST_DATA ?= $(abspath ../shared/data/cifar10-mini)
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-slow lint demo bench perf-doc clean table-jitter table-batch table-ranks \
+.PHONY: help install test test-gpu test-slow lint demo bench perf-doc clean table-jitter table-batch table-ranks \
 	tables report table-pitfalls figure-losslog table-evalmode table-rankstats table-sync \
 	table-precisebn layout table-lrpilot table-plateau table-decompose
 JOBS ?= $(shell nproc 2>/dev/null || echo 1)
@@ -28,6 +28,12 @@ install: ## install everything with uv from uv.lock (into .venv)
 
 test: install ## run the test suite on CPU (slow tests excluded)
 	$(PY) -m pytest -q --durations=20
+
+test-gpu: install ## on a CUDA machine: the cuda tests, then the GPU benchmark section (docs/performance.md)
+	@$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu: no CUDA device is visible; run it on a GPU machine.')"
+	$(PY) -m pytest -q -m cuda -rs
+	$(PY) benchmarks/bench.py --only gpu
+	$(PY) benchmarks/perfdoc.py
 
 test-slow: install ## run only the slow tests
 	$(PY) -m pytest -q -m slow

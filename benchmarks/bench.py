@@ -125,6 +125,37 @@ def eval_throughput(b: Bench) -> None:
               note=f"{n} images in {t:.2f} s")
 
 
+def gpu(b: Bench) -> None:
+    """CUDA: resnet18 images/s, simulated 4 x 2 vs 1 x 8, SyncBN per layer, evaluation."""
+    if not torch.cuda.is_available():
+        print("  no CUDA device here: nothing measured (run `make test-gpu` on a GPU machine)")
+        return
+    name = torch.cuda.get_device_name(0)  # every row names the device: never a CPU figure
+    steps, warm = b.n(50, 8), b.n(10, 3)
+    for batch in (8, 512):
+        t = m.median(m.ddp_step_s("resnet18", "bn", batch, steps, warm, device="cuda"))
+        b.row("gpu", f"{name}: resnet18 training step, {batch} images", batch / t, "images/s",
+              note=f"{t * 1000:.2f} ms/step")
+    sim = m.median(m.ddp_step_s("resnet18", "syncbn", 2, steps, warm, simulate=4,
+                                device="cuda"))
+    one = m.median(m.ddp_step_s("resnet18", "bn", 8, steps, warm, device="cuda"))
+    b.row("gpu", f"{name}: simulated 4 x 2 (syncbn), resnet18", sim, "s/step", one,
+          "1 rank x 8 (bn)", note="ratio = the simulation's cost on one GPU")
+    # resnet18's first and last BN stage at 8 images of 32x32 (ImageNet stem: 8x8, 1x1), and
+    # its first stage at an ImageNet batch of 256 images of 224x224 (56x56).
+    for shape in ((8, 64, 8, 8), (8, 512, 1, 1), (256, 64, 56, 56)):
+        t = m.syncbn_layer_s(shape, b.n(200, 20), b.n(20, 3))
+        ref = t["torch BatchNorm, no sync"]
+        for impl in ("torch SyncBatchNorm", "bnlab syncbn"):
+            b.row("gpu", f"{name}: {impl}, one layer {tuple(shape)}, forward + backward",
+                  t[impl], "s", ref, "torch BatchNorm, no sync")
+    n = b.n(10000, 1024)
+    for model in ("resnet18", "resnet18_cifar"):
+        t = m.eval_s(model, 256, n, device="cuda")
+        b.row("gpu", f"{name}: evaluation, {model}, batch 256", n / t, "images/s",
+              note=f"{n} images in {t:.2f} s")
+
+
 def _worker(fn: str, *args, **kw) -> subprocess.Popen:
     """This script in worker mode: one measurement in its own process (for concurrency)."""
     spec = json.dumps({"fn": fn, "args": args, "kw": kw})
@@ -198,6 +229,7 @@ SECTIONS: dict[str, Callable[[Bench], None]] = {
     "overhead": overhead, "data": data_pipeline, "sim": simulation, "syncbn": syncbn_cost,
     "precisebn": precisebn_cost, "eval": eval_throughput, "threads": threads_and_sweep,
     "compile": compile_speedup, "channels_last": channels_last, "preempt": preempt_check,
+    "gpu": gpu,
 }
 
 

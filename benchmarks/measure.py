@@ -2,7 +2,7 @@
 the project's own code paths or from a bare PyTorch loop written here for comparison.
 
 Times are medians. A training step is timed from the step's first forward to the end of its
-optimizer update; CPU only here, so no device synchronisation is needed.
+optimizer update; on CUDA the device is synchronised before each clock reading (`_sync`).
 """
 
 from __future__ import annotations
@@ -117,9 +117,16 @@ def _ddp_cfg(model: str, norm: str, simulate: int) -> dict:
             "dist": {"broadcast_buffers": True, "simulate": simulate}, "optim": OPTIM}
 
 
+def _sync(device: torch.device | str) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously), so a clock reading counts
+    the work launched before it."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def ddp_step_s(model: str, norm: str, batch: int, steps: int, warmup: int, simulate: int = 1,
-               threads: int = 0, check_stop: bool = False, local_sync: bool = False
-               ) -> list[float]:
+               threads: int = 0, check_stop: bool = False, local_sync: bool = False,
+               device: str = "cpu") -> list[float]:
     """Seconds per optimizer step with the trainer's pieces (wrap, TrainLoader, train_step),
     on this rank or for the simulated group; `check_stop` adds the trainer's per-step
     preemption agreement (a 1-element max all-reduce); `local_sync` replaces SyncBN's
@@ -129,9 +136,9 @@ def ddp_step_s(model: str, norm: str, batch: int, steps: int, warmup: int, simul
     if local_sync:
         _local_syncbn_collectives()
 
-    env = dist.init("cpu", "gloo", threads=threads)
+    env = dist.init(device, "auto", threads=threads)
     cfg = _ddp_cfg(model, norm, simulate)
-    net_model = trainer.build_net(cfg)
+    net_model = trainer.build_net(cfg).to(env.device)
     net = trainer.wrap(net_model, cfg, env)
     n = (steps + warmup) * batch * env.world * simulate
     train, val = make_synthetic(num_train=n, num_val=8)
@@ -141,10 +148,12 @@ def ddp_step_s(model: str, norm: str, batch: int, steps: int, warmup: int, simul
     meter, times, request = Meter(env.device), [], StopRequest()
     for i, micro in enumerate(loader.epoch(0)):
         dist.barrier()
+        _sync(env.device)
         t0 = time.perf_counter()
         trainer.train_step(net, micro, opt, meter, sync_grads=env.world * simulate > 1)
         if check_stop:
             request.pending(env)
+        _sync(env.device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     dist.teardown()
@@ -199,14 +208,51 @@ def precise_bn_s(model: str, simulate: int, batch: int, samples: int) -> float:
     return time.perf_counter() - t0
 
 
-def eval_s(model: str, batch: int, n: int = 1024) -> float:
+def eval_s(model: str, batch: int, n: int = 1024, device: str = "cpu") -> float:
     """Seconds for the trainer's evaluation of `n` validation images at batch `batch`."""
     data = build_dataset({"name": "synthetic", "num_train": 64, "num_val": n, "noise": 1.2,
                           "seed": 0, "train_limit": 0, "val_limit": 0})
     cfg = _ddp_cfg(model, "bn", 1)
-    net = trainer.build_net(cfg)
-    env = dist.init("cpu", "gloo")
-    trainer.val_metrics(net, data, data.val, env, batch)  # warm-up
+    env = dist.init(device, "auto")
+    net = trainer.build_net(cfg).to(env.device)
+    val = data.val.to(env.device)
+    trainer.val_metrics(net, data, val, env, batch)  # warm-up
+    _sync(env.device)
     t0 = time.perf_counter()
-    trainer.val_metrics(net, data, data.val, env, batch)
+    trainer.val_metrics(net, data, val, env, batch)
+    _sync(env.device)
     return time.perf_counter() - t0
+
+
+def syncbn_layer_s(shape: tuple[int, ...], reps: int, warmup: int) -> dict[str, float]:
+    """Seconds for one forward and backward of one BN layer in training mode on CUDA, per
+    implementation: torch's SyncBatchNorm kernels and bnlab's function (each through a
+    one-rank NCCL group: the statistics' computation and one all_gather, no other rank to
+    wait for), and torch's BatchNorm without any sync."""
+    import torch.distributed as tdist
+
+    from bnlab.norms import RankBatchNorm
+    from bnlab.syncbn import sync_batch_norm, torch_sync_batch_norm
+
+    dev = torch.device("cuda", 0)
+    tdist.init_process_group("nccl", store=tdist.HashStore(), rank=0, world_size=1,
+                             device_id=dev)
+    layer = RankBatchNorm(shape[1], sync="exact").to(dev)
+    x = torch.randn(shape, device=dev, requires_grad=True)
+    fns = {"torch SyncBatchNorm": lambda: torch_sync_batch_norm(x, layer, None),
+           "bnlab syncbn": lambda: sync_batch_norm(x, layer, None),
+           "torch BatchNorm, no sync": lambda: F.batch_norm(
+               x, layer.running_mean, layer.running_var, layer.weight, layer.bias, True, 0.1,
+               layer.eps)}
+    out = {}
+    for name, fn in fns.items():
+        for _ in range(warmup):
+            fn().sum().backward()
+        _sync(dev)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn().sum().backward()
+        _sync(dev)
+        out[name] = (time.perf_counter() - t0) / reps
+    tdist.destroy_process_group()
+    return out

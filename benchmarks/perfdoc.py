@@ -59,6 +59,11 @@ WHY = {
                "max all-reduce (a collective and a host sync), so all ranks checkpoint at the "
                "same step. It runs at every step; on CPU its cost is within the noise, and "
                "whether a sparser check pays on a GPU (where it is a host sync) is unmeasured.",
+    "gpu": "Measured only where a CUDA device is visible (`make test-gpu`); each row names "
+           "the GPU, and the machine line above names the host. Steps are timed with the "
+           "device synchronised before each clock reading. The SyncBN rows time one layer's "
+           "forward and backward through a one-rank NCCL group: the implementations' own "
+           "arithmetic and one all_gather, with no other rank to wait for.",
 }
 
 

@@ -16,7 +16,7 @@ from bnlab.bn_sync import BN_SYNC_MODES
 from bnlab.data import DATASETS, cifar_missing_message, cifar_present
 from bnlab.errors import BnlabError
 from bnlab.models import MODELS
-from bnlab.norms import NORMS
+from bnlab.norms import NORMS, SYNCBN_IMPLS
 from bnlab.optim import OPTIMIZERS, SCHEDULES
 from bnlab.precise_bn import ESTIMATORS, POOLINGS
 
@@ -48,7 +48,8 @@ def without(cfg: dict, keys) -> dict:
 # value is the same experiment as one without it (run directory names, resume checks).
 ADDED_LATER = {"on_nan": "stop", "data.rank_skew": False, "record.predictions": False,
                "record.decompose": False, "record.decompose_samples": 2048,
-               "record.decompose_after": 0.0, "optim.name": "sgd", "dist.bn_sync": "none"}
+               "record.decompose_after": 0.0, "optim.name": "sgd", "dist.bn_sync": "none",
+               "norm.impl": "auto"}
 
 
 def get_dotted(cfg: dict, dotted: str):
@@ -171,6 +172,11 @@ def validate(cfg: dict) -> None:
     cuda = d["device"] == "cuda" or (d["device"] == "auto" and torch.cuda.is_available())
     if d["backend"] == "nccl" and not cuda:
         raise BnlabError("dist.backend=nccl needs CUDA; use dist.backend=auto (gloo on CPU).")
+    if cfg["norm"]["kind"] == "syncbn":
+        _choice(cfg, "norm.impl", SYNCBN_IMPLS)
+        if cfg["norm"]["impl"] == "torch" and not cuda:
+            raise BnlabError("norm.impl=torch needs CUDA (torch's SyncBatchNorm kernels have no "
+                             "CPU version); use norm.impl=auto, which runs bnlab's on CPU.")
     _pos_int(cfg, "dist.nproc_per_node")
     _pos_int(cfg, "dist.simulate", "a positive integer (ranks simulated in one process; 1 = off)")
     if d["simulate"] > 1 and d["nproc_per_node"] > 1:

@@ -30,9 +30,17 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
 from bnlab.errors import BnlabError
-from bnlab.syncbn import acc, naive_sync_batch_norm, sync_batch_norm, sync_group
+from bnlab.syncbn import (
+    acc,
+    naive_sync_batch_norm,
+    sync_batch_norm,
+    sync_group,
+    syncbn_impl,
+    torch_sync_batch_norm,
+)
 
 SYNC_MODES = ("none", "exact", "naive")
+SYNCBN_IMPLS = ("auto", "torch", "bnlab")  # exact SyncBN's code: auto = torch's on CUDA
 
 
 def _check_dims(x: torch.Tensor) -> None:
@@ -61,11 +69,13 @@ class RankBatchNorm(_BatchNorm):
     def __init__(self, num_features: int, sync: str = "none", sync_group: int = 0,
                  eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                  track_running_stats: bool = True, device=None, dtype=None, *,
-                 bias: bool = True):
+                 bias: bool = True, impl: str = "auto"):
         super().__init__(num_features, eps, momentum, affine, track_running_stats,
                          device=device, dtype=dtype, bias=bias)
         assert sync in SYNC_MODES, sync
-        self.sync, self.sync_group = sync, sync_group
+        if impl not in SYNCBN_IMPLS:
+            raise BnlabError(f"norm.impl='{impl}' is unknown; choose one of {SYNCBN_IMPLS}.")
+        self.sync, self.sync_group, self.impl = sync, sync_group, impl
         self.sim_world = 1
         self.reverts_to: type[_BatchNorm] = nn.BatchNorm2d  # the class `revert` gives back
 
@@ -173,9 +183,11 @@ class RankBatchNorm(_BatchNorm):
             return super().forward(x)
         _check_dims(x)
         group = sync_group(self.group_size(dist.get_world_size()))
-        if self.sync == "exact":
-            return sync_batch_norm(x, self, group)
-        return naive_sync_batch_norm(x, self, group)
+        if self.sync == "naive":
+            return naive_sync_batch_norm(x, self, group)
+        if syncbn_impl(self.impl, x.device) == "torch":
+            return torch_sync_batch_norm(x, self, group)
+        return sync_batch_norm(x, self, group)
 
 
 class FrozenBatchNorm(RankBatchNorm):
@@ -266,9 +278,9 @@ def _bn(bn, name, eps=_KEEP, momentum=_KEEP):
     return _batch_stat_layer(RankBatchNorm, bn, eps, momentum, sync="none")
 
 
-def _syncbn(bn, name, eps=_KEEP, momentum=_KEEP, sync_group=0):
+def _syncbn(bn, name, eps=_KEEP, momentum=_KEEP, sync_group=0, impl="auto"):
     return _batch_stat_layer(RankBatchNorm, bn, eps, momentum, sync="exact",
-                             sync_group=sync_group)
+                             sync_group=sync_group, impl=impl)
 
 
 def _syncbn_naive(bn, name, eps=_KEEP, momentum=_KEEP, sync_group=0):

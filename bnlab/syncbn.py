@@ -142,6 +142,32 @@ def sync_batch_norm(x, bn, group):
     return _SyncBatchNorm.apply(x, bn.weight, bn.bias, bn, group)
 
 
+def syncbn_impl(asked: str, device: torch.device | str) -> str:
+    """Whose code computes exact SyncBN for tensors on `device`: torch's SyncBatchNorm kernels
+    (`batch_norm_stats`, `batch_norm_gather_stats_with_counts`, `batch_norm_elemt`, one
+    all_gather) where they exist, that is on CUDA, unless `asked` is "bnlab"; bnlab's own
+    function elsewhere (CPU/gloo: torch has no CPU kernels for them). "torch" on another
+    device is refused."""
+    on_cuda = torch.device(device).type == "cuda"
+    if asked == "torch" and not on_cuda:
+        raise BnlabError(f"norm.impl=torch needs CUDA tensors (torch's SyncBatchNorm kernels "
+                         f"have no {torch.device(device).type} version); use norm.impl=auto.")
+    return "torch" if on_cuda and asked != "bnlab" else "bnlab"
+
+
+def torch_sync_batch_norm(x, bn, group):
+    """Exact SyncBN through torch's own autograd function (what nn.SyncBatchNorm runs in
+    training mode), with bnlab's momentum rule (None: the cumulative average)."""
+    from torch.nn.modules._functions import SyncBatchNorm as TorchSyncBN
+
+    factor = bn._ema_factor() if bn.track_running_stats else 0.0
+    group = group or dist.group.WORLD
+    tracked = bn.track_running_stats
+    return TorchSyncBN.apply(x, bn.weight, bn.bias, bn.running_mean if tracked else None,
+                             bn.running_var if tracked else None, bn.eps, factor, group,
+                             dist.get_world_size(group))
+
+
 def _affine(xhat: torch.Tensor, bn) -> torch.Tensor:
     s = _shape(xhat)
     if bn.weight is not None:

@@ -33,6 +33,7 @@ from bnlab.preempt import StopRequest
 from bnlab.resume import load_latest, rank_state, restore, truncate_metrics
 from bnlab.rundir import note_resume, set_status, write_run_info
 from bnlab.simulate import SimulatedDDP
+from bnlab.syncbn import syncbn_impl
 
 
 def build_net(cfg: dict) -> nn.Module:
@@ -41,6 +42,14 @@ def build_net(cfg: dict) -> nn.Module:
     model = build_model(cfg["model"]["name"])
     norm = {k: v for k, v in cfg["norm"].items() if k != "kind"}
     return convert(model, cfg["norm"]["kind"], **norm)
+
+
+def ran_syncbn(cfg: dict, env: dist.DistEnv, sim: int) -> str | None:
+    """Whose exact SyncBN this run computes with (run.json): "torch" (its CUDA kernels),
+    "bnlab" (its own function; always under the simulation), None for another norm."""
+    if cfg["norm"]["kind"] != "syncbn":
+        return None
+    return "bnlab" if sim > 1 else syncbn_impl(cfg["norm"].get("impl", "auto"), env.device)
 
 
 def train_loader(cfg: dict, data: Dataset, env: dist.DistEnv) -> TrainLoader:
@@ -279,7 +288,7 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
     if env.is_main:
         info = {"world": ranks, "simulated": sim > 1, "processes": env.world,
                 "device": str(env.device), "backend": env.backend, "steps_per_epoch": spe,
-                **(meta or {})}
+                "syncbn_impl": ran_syncbn(cfg, env, sim), **(meta or {})}
         if resuming:
             truncate_metrics(run_dir, step, PREDICTIONS)
             dropped = truncate_metrics(run_dir, step)

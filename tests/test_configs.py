@@ -83,6 +83,8 @@ BAD = [
     ("dist.backend=mpi", "dist.backend"),
     ("dist.backend=nccl dist.device=cpu", "dist.backend"),
     ("logger=wandb logger.wandb.mode=sometimes", "logger.wandb.mode"),
+    ("norm=syncbn norm.impl=cudnn", "norm.impl"),
+    ("norm=syncbn norm.impl=torch dist.device=cpu", "norm.impl"),
 ]
 
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from bnlab import dist
+from bnlab.errors import BnlabError
 from bnlab.norms import RankBatchNorm
 
 C = 5
@@ -220,3 +221,20 @@ def test_torch_compile_runs_syncbn_with_the_same_results():
                                    atol=1e-5)
         np.testing.assert_allclose(out["compiled"]["dw"], out["eager"]["dw"], rtol=1e-4,
                                    atol=1e-5)
+
+
+def test_exact_syncbn_runs_torchs_kernels_only_on_cuda_and_run_json_says_whose():
+    from types import SimpleNamespace
+
+    from bnlab.syncbn import syncbn_impl
+    from bnlab.trainer import ran_syncbn
+
+    assert syncbn_impl("auto", "cpu") == syncbn_impl("bnlab", "cuda") == "bnlab"
+    assert syncbn_impl("auto", "cuda") == syncbn_impl("torch", "cuda:1") == "torch"
+    with pytest.raises(BnlabError, match="norm.impl=torch needs CUDA"):
+        syncbn_impl("torch", "cpu")
+    cfg = {"norm": {"kind": "syncbn", "impl": "auto"}}
+    cpu, gpu = SimpleNamespace(device=torch.device("cpu")), SimpleNamespace(device="cuda:0")
+    assert ran_syncbn(cfg, cpu, 1) == "bnlab" and ran_syncbn(cfg, gpu, 1) == "torch"
+    assert ran_syncbn(cfg, gpu, 4) == "bnlab"  # the simulation is bnlab's on any device
+    assert ran_syncbn({"norm": {"kind": "bn"}}, gpu, 1) is None

@@ -108,18 +108,24 @@ def test_sweep_runs_cells_skips_finished_ones_and_sets_unfinished_aside(tmp_path
 
 
 @pytest.mark.slow  # CI time (71 s); resuming preempted runs is also in the test above
-def test_sigterm_stops_the_sweep_and_the_same_command_resumes_it(tmp_path):
+@pytest.mark.parametrize("ctrl_c", [False, True], ids=["sigterm", "ctrl-c"])
+def test_a_stopped_sweep_checkpoints_its_runs_and_the_same_command_resumes_it(tmp_path, ctrl_c):
+    """SIGTERM to the sweep (how a scheduler stops it), or Ctrl-C in its terminal (SIGINT to
+    every process of the foreground group: the sweep, submitit's processes and train.py)."""
     spec = tiny_spec(tmp_path, num_train=512)
     root = tmp_path / "runs"
     cmd = [sys.executable, "-m", "bnlab.lab.sweep", str(spec.path), "--jobs", "1", "--runs",
            str(root)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, start_new_session=True)
     first = plan(spec, "synthetic-512", root)[0][2]
     deadline = time.monotonic() + 120
     while not (first / "metrics.jsonl").is_file() and time.monotonic() < deadline:
         time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
+    if ctrl_c:
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM)
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 75, out
     assert "run the same command to resume" in out
