@@ -116,7 +116,8 @@ class TrainJob:
         of every launch so far."""
         rec = {"cell": self.label, "seed": self.seed, "rc": rc,
                "wall_s": round(before.get("wall_s", 0.0) + wall, 1), "threads": self.threads,
-               "jobs": self.jobs, "launches": before.get("launches", 1 if before else 0) + 1}
+               "jobs": self.jobs, "launches": before.get("launches", 1 if before else 0) + 1,
+               "gpus": os.environ.get("CUDA_VISIBLE_DEVICES") or None}
         (Path(self.run_dir) / "sweep.json").write_text(json.dumps(rec) + "\n")
 
 

@@ -255,10 +255,12 @@ def submit_folder(root: Path, tag: str) -> Path:
 
 def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | None = None,
           root: Path = RUNS, launcher: str = "local", slurm: Slurm | None = None,
-          wait: bool = True) -> dict[str, int]:
+          wait: bool = True, gpus: int | None = None) -> dict[str, int]:
     """Run every unfinished run of `specs` through submitit, `jobs` at a time; returns how
-    many ended how. `launcher="slurm"` submits them as one SLURM job array instead (with
-    `slurm`'s resources; `wait=False` returns once they are submitted)."""
+    many ended how. On this machine each run gets GPUs of its own (`gpus`, default every
+    visible one; as many as its ranks), and waits while too few are free. `launcher="slurm"`
+    submits them as one SLURM job array instead (with `slurm`'s resources; `wait=False`
+    returns once they are submitted)."""
     tag = data_tag(specs[0].cells[0].cfg)
     name = "+".join(s.name for s in specs)
     todo = []
@@ -290,12 +292,21 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
     queue = list(zip(todo, runs, strict=True))
     running: dict = {}
     ex = executor("local", submit_folder(root, tag))
+    free, held = gpu_ids(torch_gpus() if gpus is None else gpus), {}  # ids not in use; job ->
+    total = len(free)
+    if any(needs(c, total) > total for c, _, _ in todo):
+        raise BnlabError(f"a run needs more GPUs than the {total} visible here; run it on a "
+                         "machine with more, or with --launcher slurm.")
     with Stop() as stop, tqdm(total=len(todo), desc=name, unit="run", dynamic_ncols=True) as bar:
         signalled = False
         while queue or running:
-            while queue and len(running) < jobs and not stop.asked:
+            while queue and len(running) < jobs and not stop.asked and \
+                    needs(queue[0][0][0], total) <= len(free):
                 (cell, seed, d), run = queue.pop(0)
-                running[stop.submit(ex, run)] = (cell, seed, d)
+                ids = [free.pop(0) for _ in range(needs(cell, total))]
+                ex.update_parameters(gpus_per_node=len(ids), visible_gpus=tuple(ids))
+                job = stop.submit(ex, run)
+                running[job], held[job] = (cell, seed, d), ids
             if stop.asked and not signalled:
                 signalled = True
                 for job in running:  # submitit's controller passes it on to the job
@@ -306,6 +317,7 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
                 queue = []
             for job in [j for j in running if j.done()]:
                 cell, seed, d = running.pop(job)
+                free += held.pop(job)
                 status, wall = job_result(job, d)
                 counts[status] = counts.get(status, 0) + 1
                 if status == "not started":
@@ -316,6 +328,29 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
                 bar.update(1)
             time.sleep(POLL_S)
     return counts
+
+
+def torch_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def gpu_ids(n: int) -> list[int]:
+    """The ids of this machine's `n` GPUs as CUDA_VISIBLE_DEVICES names them for a child (the
+    sweep's own CUDA_VISIBLE_DEVICES, where set, maps them); [] where it names them by UUID,
+    and then the runs share every GPU, as they would without the sweep."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None:
+        return list(range(n))
+    parts = [x.strip() for x in env.split(",") if x.strip()]
+    return [int(x) for x in parts][:n] if all(x.isdigit() for x in parts) else []
+
+
+def needs(cell: Cell, gpus: int) -> int:
+    """GPUs one run of `cell` takes on a machine with `gpus`: one per rank (a simulated run
+    is one process, one GPU), none on a machine without."""
+    return cell.cfg["dist"]["nproc_per_node"] if gpus else 0
 
 
 def slurm_job_alive(d: Path) -> str | None:

@@ -19,7 +19,16 @@ import pytest
 from bnlab import dist, trainer
 from bnlab.errors import BnlabError
 from bnlab.lab.jobs import Slurm, TrainJob, executor
-from bnlab.lab.sweep import Cell, Spec, compose, load_spec, plan, sweep, train_job
+from bnlab.lab.sweep import (
+    Cell,
+    Spec,
+    compose,
+    gpu_ids,
+    load_spec,
+    plan,
+    sweep,
+    train_job,
+)
 from bnlab.paths import EXPERIMENTS, ROOT
 from bnlab.rundir import read_status, set_status
 from conftest import CIFAR_MINI, needs_cifar, run_entry
@@ -87,10 +96,12 @@ def tiny_spec(tmp_path: Path, num_train: int = 64) -> Spec:
 def test_sweep_runs_cells_skips_finished_ones_and_sets_unfinished_aside(tmp_path):
     spec = tiny_spec(tmp_path)
     root = tmp_path / "runs"
-    assert sweep([spec], None, jobs=2, root=root) == {"completed": 2}
+    # gpus=2: as on a 2-GPU machine, each of the 2 runs side by side gets a GPU of its own
+    assert sweep([spec], None, jobs=2, root=root, gpus=2) == {"completed": 2}
     dirs = [d for _, _, d in plan(spec, "synthetic-64", root)]
     assert all(read_status(d) == "completed" for d in dirs)
-    assert json.loads((dirs[0] / "sweep.json").read_text())["rc"] == 0
+    recs = [json.loads((d / "sweep.json").read_text()) for d in dirs]
+    assert recs[0]["rc"] == 0 and sorted(r["gpus"] for r in recs) == ["0", "1"]
     assert (root / "synthetic-64" / "hosts.json").is_file()
     before = (dirs[0] / "metrics.jsonl").read_text()
     assert sweep([spec], None, jobs=2, root=root) == {}  # nothing re-run, nothing touched
@@ -137,6 +148,15 @@ def test_a_stopped_sweep_checkpoints_its_runs_and_the_same_command_resumes_it(tm
     assert "will resume preempted run" in done.stdout
     assert read_status(first) == read_status(second) == "completed"
     assert json.loads((first / "sweep.json").read_text())["launches"] == 2
+
+
+def test_local_runs_get_gpus_as_the_sweep_sees_them(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert gpu_ids(2) == [0, 1] and gpu_ids(0) == []
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert gpu_ids(2) == [3, 5]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8a1f,GPU-77c2")
+    assert gpu_ids(2) == []  # UUIDs: the runs share the GPUs, as without the sweep
 
 
 def test_a_run_stopped_before_it_began_is_not_started(tmp_path):
