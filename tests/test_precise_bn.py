@@ -280,3 +280,24 @@ def test_precise_bn_on_two_gloo_ranks_gives_each_the_union(kind):
         _close(r["trunk.1"][0], mean, "mean of the union")
         _close(r["trunk.1"][1], var, "var of the union")
     _close(res[0]["head.1"][1], res[1]["head.1"][1], "later layers identical on both ranks")
+
+
+@pytest.mark.parametrize("sizes", [[16] * 5, [16, 16, 16, 16, 8, 8]], ids=["equal", "unequal"])
+def test_pooled_equals_fvcore_update_bn_stats_up_to_bessels_correction(sizes):
+    """fvcore's PreciseBN (update_bn_stats, its population estimator) pools batches weighted
+    by size, as bnlab's pooled estimator does; it keeps the population variance (divided by
+    N, the values per channel), bnlab the unbiased one (N - 1), as torch's running_var does."""
+    from fvcore.nn.precise_bn import update_bn_stats
+
+    x = _images(80)
+    ours, theirs = _Net(), _Net()
+    for m in (ours, theirs):
+        m.trunk[5] = nn.Identity()  # no dropout: each draws its masks in its own order
+    batches = list(torch.split(x, sizes))
+    bnlab.precise_bn(ours, batches, num_samples=None, pooling="pooled")
+    update_bn_stats(theirs, batches, num_iters=len(batches))
+    for a, b, n in ((ours.trunk[1], theirs.trunk[1], 80 * 32 * 32),
+                    (ours.head[1], theirs.head[1], 80)):
+        _close(a.running_mean, b.running_mean, "mean")
+        _close(a.running_var, b.running_var * n / (n - 1), "var")
+    assert not torch.allclose(ours.head[1].running_var, theirs.head[1].running_var, rtol=1e-3)
