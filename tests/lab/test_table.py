@@ -41,8 +41,8 @@ def tiny_table(tmp_path: Path) -> Table:
     return Table("tiny", ("C99",), load, render, verdicts, measure=measure, spec=spec)
 
 
-@pytest.mark.slow  # CI time (17 s); make test-slow runs it
 def test_a_table_trains_measures_and_writes_then_rebuilds_from_what_it_kept(tmp_path, capsys):
+    """`make tables` in small: the table's sweep runs as submitit jobs on this machine."""
     table = tiny_table(tmp_path)
     args = ["tiny", "--jobs", "2", "--runs", str(tmp_path / "runs"), "--experiments",
             str(tmp_path / "exp")]
@@ -53,6 +53,8 @@ def test_a_table_trains_measures_and_writes_then_rebuilds_from_what_it_kept(tmp_
     assert res["finished"] == 2 and res["measure_s"] > 0
     assert all(read_status(d) == "completed"
                for d in (tmp_path / "runs" / "synthetic-32").glob("*/seed0"))
+    jobs = list((tmp_path / "runs" / "synthetic-32" / ".submitit").glob("*/*_result.pkl"))
+    assert len(jobs) == 2  # each run was one submitit job, which reported back
     readme = (tmp_path / "exp" / "README.md").read_text()
     assert "<!-- c99:begin -->" in readme and "| C99 | `make table-tiny` |" in readme
     (out / "table.md").unlink()
