@@ -6,22 +6,8 @@ statistics on any loader, reduced across ranks (bnlab.precise_bn); `sync_bn_stat
 ranks' running statistics agree at an epoch end (bnlab.bn_sync).
 """
 
-from __future__ import annotations
+from bnlab.bn_sync import sync_bn_stats
+from bnlab.norms import convert, revert
+from bnlab.precise_bn import precise_bn
 
-import importlib
-
-# Each public name and its module, imported on first use: `import bnlab.lab.jobs` (what a
-# sweep's job process unpickles) then does not import torch.
-_API = {"convert": "bnlab.norms", "revert": "bnlab.norms", "precise_bn": "bnlab.precise_bn",
-        "sync_bn_stats": "bnlab.bn_sync"}
-__all__ = sorted(_API)
-
-
-def __getattr__(name: str):
-    if name in _API:
-        return getattr(importlib.import_module(_API[name]), name)
-    raise AttributeError(f"module 'bnlab' has no attribute '{name}'")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_API))
+__all__ = ["convert", "precise_bn", "revert", "sync_bn_stats"]

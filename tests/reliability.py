@@ -99,20 +99,25 @@ CASES = [
 
 # Faults that need processes killed or misconfigured mid-run: each checked by the named test.
 FAULTS = [
-    ("SIGTERM or Ctrl-C to a sweep",
-     "lab/test_sweep.py::test_sigterm_stops_the_sweep_and_the_same_command_resumes_it",
-     "every running job checkpoints and stops as `preempted`, queued runs do not start, the "
-     "sweep exits with 75, and the same command resumes the preempted runs"),
+    ("SIGTERM to a sweep, or Ctrl-C in its terminal (SIGINT to every process of the group)",
+     "lab/test_sweep.py::test_a_stopped_sweep_checkpoints_its_runs_and_the_same_command_resumes_it",
+     "every running job checkpoints and stops as `preempted` (its submitit job passes SIGTERM "
+     "to train.py; the jobs ignore the terminal's SIGINT), queued runs do not start, the sweep "
+     "exits with 75, and the same command resumes the preempted runs"),
     ("a sweep stopped while a run is still starting",
-     "lab/test_sweep.py::test_a_run_killed_by_the_sweeps_signal_before_it_began_is_not_started",
+     "lab/test_sweep.py::test_a_run_stopped_before_it_began_is_not_started",
      "a run that SIGTERM reaches before train.py handles it is reported as not started and its "
      "folder removed, so the next launch starts it afresh (not `failed`)"),
+    ("SIGUSR2 to a sweep's job (SLURM's warning before a time limit, or a preemption)",
+     "lab/test_sweep.py::test_a_preempted_local_job_checkpoints_is_requeued_and_resumes",
+     "the run checkpoints, submitit requeues the job (its `checkpoint` hook), and the job "
+     "resumes the run from its checkpoint to the end; sweep.json counts 2 launches"),
     ("kill -9 mid-epoch, then the same command again",
      "test_resume.py::test_kill_9_mid_epoch_then_resume_reproduces_the_run_bitwise",
      "status stays `running`; the relaunch resumes from the last checkpoint (`resume=auto`), "
      "drops metrics lines past it (and a torn last line), and ends with the same parameters, "
      "buffers, optimizer state and metrics.jsonl as the uninterrupted run, bit for bit"),
-    ("SIGTERM (or SIGUSR1) during training",
+    ("SIGTERM (or SIGUSR1, SIGUSR2) during training",
      "test_resume.py::test_sigterm_checkpoints_at_the_next_step_and_the_next_launch_resumes",
      "checkpoint at the next step boundary, status `preempted` with the step and signal, exit "
      "75; the next launch resumes and reproduces the uninterrupted run bitwise"),
