@@ -15,6 +15,8 @@ import time
 
 from omegaconf import OmegaConf
 
+from bnlab.errors import BnlabError
+
 FORMAT = "%Y-%m-%d_%H-%M-%S"
 _stamp: str | None = None
 STORE_TIMEOUT_S = 300  # how long a rank waits for rank 0's stamp
@@ -44,13 +46,21 @@ def _rendezvous_stamp(own: str) -> str | None:
 
     from torch.distributed import TCPStore
 
-    store = TCPStore(env.get("MASTER_ADDR", "127.0.0.1"), int(env["MASTER_PORT"]),
-                     is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT_S))
-    key = f"bnlab/run_stamp/{env.get('TORCHELASTIC_RUN_ID', '')}"
-    if env.get("RANK") == "0":
-        store.set(key, own)
-        return own
-    return store.get(key).decode()
+    key = "bnlab/run_stamp/{}/{}".format(env.get("TORCHELASTIC_RUN_ID", ""),
+                                          env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    try:
+        store = TCPStore(env.get("MASTER_ADDR", "127.0.0.1"), int(env["MASTER_PORT"]),
+                         is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT_S))
+        if env.get("RANK") == "0":
+            store.set(key, own)
+            return own
+        return store.get(key).decode()
+    except (RuntimeError, TimeoutError) as e:  # DistStoreError is a RuntimeError
+        raise BnlabError(
+            f"rank {env.get('RANK')} could not agree on the run directory with rank 0 through "
+            f"torchrun's store at {env.get('MASTER_ADDR')}:{env['MASTER_PORT']} within "
+            f"{STORE_TIMEOUT_S} s ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+            "check that every agent can reach it, or set BNLAB_RUN_STAMP on every node.") from e
 
 
 def run_stamp() -> str:
@@ -60,8 +70,10 @@ def run_stamp() -> str:
     global _stamp
     if _stamp is None:
         _stamp = os.environ.get("BNLAB_RUN_STAMP")
-    if _stamp is None and "SLURM_JOB_ID" in os.environ:
-        _stamp = "slurm-" + os.environ.get("SLURM_ARRAY_JOB_ID", os.environ["SLURM_JOB_ID"])
+    if _stamp is None and "SLURM_JOB_ID" in os.environ:  # an array's task: its own job id
+        env = os.environ
+        _stamp = "slurm-" + (f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+                             if "SLURM_ARRAY_TASK_ID" in env else env["SLURM_JOB_ID"])
     if _stamp is None:
         t = _parent_start_time() if "TORCHELASTIC_RUN_ID" in os.environ else None
         own = time.strftime(FORMAT, time.localtime(t if t is not None else time.time()))

@@ -16,13 +16,13 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 class StopRequest:
     """Catches the preemption signals while training; `pending` agrees across ranks."""
 
-    def __init__(self):
-        self.signum = 0
+    def __init__(self, signals: tuple = SIGNALS):
+        self.signum, self.signals = 0, signals
         self._old: dict = {}
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
-            for s in SIGNALS:
+            for s in self.signals:
                 self._old[s] = signal.signal(s, self._handle)
         return self
 

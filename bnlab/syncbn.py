@@ -163,9 +163,13 @@ def torch_sync_batch_norm(x, bn, group):
     factor = bn._ema_factor() if bn.track_running_stats else 0.0
     group = group or dist.group.WORLD
     tracked = bn.track_running_stats
-    return TorchSyncBN.apply(x, bn.weight, bn.bias, bn.running_mean if tracked else None,
-                             bn.running_var if tracked else None, bn.eps, factor, group,
-                             dist.get_world_size(group))
+    # torch's function gathers an empty rank's zeros in the input's dtype but the other ranks'
+    # statistics in float32 (half and bfloat16 inputs): an empty rank computes in float32 too.
+    xs = x.float() if x.numel() == 0 and x.dtype in (torch.float16, torch.bfloat16) else x
+    y = TorchSyncBN.apply(xs, bn.weight, bn.bias, bn.running_mean if tracked else None,
+                          bn.running_var if tracked else None, bn.eps, factor, group,
+                          dist.get_world_size(group))
+    return y.to(x.dtype)
 
 
 def _affine(xhat: torch.Tensor, bn) -> torch.Tensor:

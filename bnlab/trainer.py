@@ -46,8 +46,9 @@ def build_net(cfg: dict) -> nn.Module:
 
 def ran_syncbn(cfg: dict, env: dist.DistEnv, sim: int) -> str | None:
     """Whose exact SyncBN this run computes with (run.json): "torch" (its CUDA kernels),
-    "bnlab" (its own function; always under the simulation), None for another norm."""
-    if cfg["norm"]["kind"] != "syncbn":
+    "bnlab" (its own function; always under the simulation), None for another norm or for
+    one rank (which syncs with nobody: plain BN runs)."""
+    if cfg["norm"]["kind"] != "syncbn" or (sim <= 1 and env.world <= 1):
         return None
     return "bnlab" if sim > 1 else syncbn_impl(cfg["norm"].get("impl", "auto"), env.device)
 

@@ -35,7 +35,7 @@ class Case:
     base: list[str] = field(default_factory=lambda: list(BASE))
 
     def command(self) -> str:
-        shown = [a.replace(str(CIFAR_MINI), "$DATA") for a in self.args]
+        shown = [a.replace(str(CIFAR_MINI), "$DATA").replace("<root>/", "") for a in self.args]
         return f"python {self.script} " + " ".join(shown)
 
 
@@ -95,6 +95,13 @@ CASES = [
          _completed_run),
     Case("unwritable output directory", ["output_dir=/proc/bnlab-out"], 2),
     Case("nproc_per_node larger than the machine allows", ["dist.nproc_per_node=4096"], 2),
+    Case("a SLURM option to a sweep without --launcher slurm",
+         ["<root>/experiments/jitter/sweep.yaml", "--partition", "gpu", "--dry-run"], 2,
+         script="bnlab/lab/sweep.py", base=[]),
+    Case("a SLURM layout that does not fit a run's ranks (4 ranks on 3 nodes)",
+         ["<root>/experiments/jitter/sweep.yaml", "--data", str(CIFAR_MINI), "--runs",
+          "<tmp>/runs", "--launcher", "slurm", "--nodes", "3"], 2, script="bnlab/lab/sweep.py",
+         base=[]),
 ]
 
 # Faults that need processes killed or misconfigured mid-run: each checked by the named test.
@@ -108,7 +115,17 @@ FAULTS = [
      "lab/test_sweep.py::test_a_run_stopped_before_it_began_is_not_started",
      "a run that SIGTERM reaches before train.py handles it is reported as not started and its "
      "folder removed, so the next launch starts it afresh (not `failed`)"),
-    ("SIGUSR2 to a sweep's job (SLURM's warning before a time limit, or a preemption)",
+    ("a sweep stopped before its job has started the run",
+     "lab/test_sweep.py::test_a_stop_that_comes_while_the_run_starts_reaches_it_once_it_has",
+     "the job passes SIGTERM on as soon as it has started the run, and only once; the sweep "
+     "asks its running jobs again every 5 s until they end; a job that died before its run "
+     "began is reported as not started (`job_result`)"),
+    ("a SLURM sweep stopped (SIGTERM or Ctrl-C) while it waits for its jobs",
+     "lab/test_sweep.py::test_a_stopped_slurm_sweep_cancels_queued_jobs_then_asks_running_ones"
+     "_to_checkpoint",
+     "queued jobs are cancelled first, so none starts meanwhile; running ones get SIGTERM "
+     "(`scancel --signal=TERM`) and checkpoint; the same command resubmits and resumes them"),
+    ("SIGUSR2 to a sweep's job (SLURM's warning before a time limit)",
      "lab/test_sweep.py::test_a_preempted_local_job_checkpoints_is_requeued_and_resumes",
      "the run checkpoints, submitit requeues the job (its `checkpoint` hook), and the job "
      "resumes the run from its checkpoint to the end; sweep.json counts 2 launches"),
@@ -145,7 +162,7 @@ def run_case(case: Case, tmp: Path) -> tuple[int, str, str]:
     """(exit status, the message with <tmp> for the temp folder, all output)."""
     if case.setup:
         case.setup(tmp)
-    args = [a.replace("<tmp>", str(tmp)) for a in case.args]
+    args = [a.replace("<tmp>", str(tmp)).replace("<root>", str(ROOT)) for a in case.args]
     out = [f"output_dir={tmp}/out"] if case.script == "train.py" and not any(
         a.startswith(("output_dir=", "hydra.run.dir=")) for a in args) else []
     r = run_entry(case.script, *case.base, *args, *out, cwd=tmp)

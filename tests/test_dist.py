@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from bnlab import dist
+from bnlab import dist, hydra_setup
+from bnlab.errors import BnlabError
 from bnlab.metrics import Meter
 from bnlab.models import build_model
 from bnlab.norms import convert
@@ -100,8 +101,6 @@ def test_grad_accum_equals_one_big_batch():
 
 
 def test_slurm_tasks_become_ranks_and_share_one_run_directory(monkeypatch):
-    from bnlab import hydra_setup
-
     env = {"SLURM_NTASKS": "4", "SLURM_PROCID": "2", "SLURM_LOCALID": "2", "SLURM_NNODES": "1",
            "SLURM_JOB_ID": "12345"}
     assert dist.adopt_slurm_env(env) is True
@@ -116,6 +115,11 @@ def test_slurm_tasks_become_ranks_and_share_one_run_directory(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "777")
     monkeypatch.setattr(hydra_setup, "_stamp", None)
     assert hydra_setup.run_stamp() == "slurm-777"
+    # A job array's tasks are different runs: each its own stamp (the array's id is shared).
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "770")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    monkeypatch.setattr(hydra_setup, "_stamp", None)
+    assert hydra_setup.run_stamp() == "slurm-770_3"
     monkeypatch.setattr(hydra_setup, "_stamp", None)
 
 
@@ -140,6 +144,22 @@ def test_torchrun_ranks_take_rank_0s_stamp_from_the_rendezvous_store():
     stamps = [p.communicate(timeout=60)[0].strip() for p in procs]
     assert stamps[0] == stamps[1] and stamps[0]
     assert stamps[2] != stamps[3]  # each its own agent's start, seconds apart
+
+
+def test_a_rank_that_cannot_reach_the_store_says_so_in_one_sentence(monkeypatch):
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
+    monkeypatch.setattr(hydra_setup, "STORE_TIMEOUT_S", 1)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    monkeypatch.setenv("RANK", "1")  # rank 0 never leaves its stamp
+    with pytest.raises(BnlabError, match="could not agree on the run directory") as e:
+        hydra_setup._rendezvous_stamp("own")
+    assert "\n" not in str(e.value) and "BNLAB_RUN_STAMP" in str(e.value)
 
 
 # -- C11: every process started as rank 0 ------------------------------------------------------

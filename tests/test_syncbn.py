@@ -234,7 +234,11 @@ def test_exact_syncbn_runs_torchs_kernels_only_on_cuda_and_run_json_says_whose()
     with pytest.raises(BnlabError, match="norm.impl=torch needs CUDA"):
         syncbn_impl("torch", "cpu")
     cfg = {"norm": {"kind": "syncbn", "impl": "auto"}}
-    cpu, gpu = SimpleNamespace(device=torch.device("cpu")), SimpleNamespace(device="cuda:0")
+    cpu = SimpleNamespace(device=torch.device("cpu"), world=2)
+    gpu = SimpleNamespace(device="cuda:0", world=2)
     assert ran_syncbn(cfg, cpu, 1) == "bnlab" and ran_syncbn(cfg, gpu, 1) == "torch"
     assert ran_syncbn(cfg, gpu, 4) == "bnlab"  # the simulation is bnlab's on any device
     assert ran_syncbn({"norm": {"kind": "bn"}}, gpu, 1) is None
+    one = SimpleNamespace(device="cuda:0", world=1)
+    assert ran_syncbn(cfg, one, 1) is None  # one rank syncs with nobody: plain BN runs
+    assert ran_syncbn(cfg, one, 4) == "bnlab"

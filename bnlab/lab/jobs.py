@@ -4,12 +4,16 @@ Each job is one `train.py` run (a `TrainJob`), started as a child process so tha
 keeps every launcher it has (one process, simulated ranks, N local ranks, or one rank per
 SLURM task). The job forwards a stop to its run and reports how the run ended:
 
-- SIGTERM (the sweep stopped by SIGTERM or Ctrl-C, or SLURM cancelling the job): the run
-  checkpoints and stops as `preempted`; the same sweep command resumes it.
-- submitit's preemption signal (SIGUSR2, sent by SLURM `--signal` before the time limit or on
-  preemption): the run checkpoints, and submitit requeues the job, which resumes the run from
-  its checkpoint (`checkpoint` below).
+- SIGTERM (the sweep stopped by SIGTERM or Ctrl-C; SLURM cancelling or preempting the job):
+  the run checkpoints and stops as `preempted`; the same sweep command resumes it (or SLURM's
+  own requeue, where the cluster preempts by requeueing).
+- submitit's preemption signal (SIGUSR2, sent by SLURM `--signal` before the time limit): the
+  run checkpoints, and submitit requeues the job, which resumes the run from its checkpoint
+  (`checkpoint` below).
 
+The run is started in a session of its own, so Ctrl-C in a terminal reaches the sweep (which
+stops the jobs in order) and never the run's ranks directly. In a SLURM job of several tasks
+(one per rank) each task runs this; only the first writes `train.log` and `sweep.json`.
 Each launch adds its wall time to the run's `sweep.json`.
 """
 
@@ -25,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bnlab.errors import BnlabError
 from bnlab.rundir import read_status
 
 LAUNCHERS = ("local", "slurm")
@@ -44,17 +49,23 @@ class TrainJob:
     seed: int
     threads: int
     jobs: int  # runs side by side (recorded in sweep.json)
+    gpus: str | None = None  # CUDA_VISIBLE_DEVICES for the run (local sweeps); None: as given
     _proc: subprocess.Popen | None = field(default=None, repr=False, compare=False)
     _rc: int | None = field(default=None, repr=False, compare=False)
     _stopping: bool = field(default=False, repr=False, compare=False)
+    _signalled: bool = field(default=False, repr=False, compare=False)
+    _recorded: bool = field(default=False, repr=False, compare=False)
+    _before: dict = field(default_factory=dict, repr=False, compare=False)
     _t0: float = field(default=0.0, repr=False, compare=False)
-    LIVE = ("_proc", "_rc", "_stopping", "_t0")  # this launch's state: never pickled
+    LIVE = {"_proc": None, "_rc": None, "_stopping": False, "_signalled": False,
+            "_recorded": False, "_before": {}, "_t0": 0.0}  # this launch's: never pickled
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in self.LIVE}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _proc=None, _rc=None, _stopping=False, _t0=0.0)
+        self.__dict__.update(state, **{k: (dict(v) if isinstance(v, dict) else v)
+                                       for k, v in self.LIVE.items()})
 
     def _wait(self) -> int:
         """The run's exit status. A thread reaps the process and this loop only sleeps, so a
@@ -66,59 +77,93 @@ class TrainJob:
     def __call__(self) -> dict:
         d = Path(self.run_dir)
         d.mkdir(parents=True, exist_ok=True)
-        before = self._record_before()
+        rank = task_rank()  # a SLURM job with one task per rank runs this once per task
         # After submitit's own handlers: SIGTERM reaches the run. SIGINT is left as the sweep
         # set it (ignored), so Ctrl-C in a terminal reaches the sweep only, which stops the jobs.
         signal.signal(signal.SIGTERM, self._forward)
+        self._before = self._record_before() if rank == 0 else {}
         self._t0 = time.perf_counter()
-        with open(d / "train.log", "a" if before else "w") as log:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.gpus is not None:  # submitit's local controller sets its own; the sweep's wins
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus
+        name = "train.log" if rank == 0 else f"train.rank{rank}.log"
+        with open(d / name, "a" if self._before or rank else "w") as log:
+            # Its own session: Ctrl-C in the terminal never reaches the run's ranks directly.
             proc = self._proc = subprocess.Popen(self.cmd, cwd=self.cwd, stdout=log,
-                                                 stderr=subprocess.STDOUT,
-                                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                                 stderr=subprocess.STDOUT, env=env,
+                                                 start_new_session=True)
             threading.Thread(target=lambda: setattr(self, "_rc", proc.wait()), daemon=True).start()
+            if self._stopping:  # the stop came while the run was being started
+                self._signal_run()
             rc = self._wait()
         wall = time.perf_counter() - self._t0
-        if rc == -signal.SIGTERM and self._stopping and read_status(d) is None and not before:
+        if rc == -signal.SIGTERM and self._stopping and read_status(d) is None and \
+                not self._before and rank == 0 and task_count() == 1:
             # The stop came before train.py could handle it: the run never began.
             shutil.rmtree(d)
             return {"status": "not started", "wall_s": 0.0}
         status = read_status(d) or "failed"
         if rc != 0 and status == "running":
             status = "failed"
-        self._record(before, rc, wall)
+        if rank == 0:
+            self._record(rc, wall)
         return {"status": status, "wall_s": wall}
 
-    def _forward(self, signum, frame) -> None:
-        """A stop asked of the job: train.py checkpoints at its next step and leaves."""
-        self._stopping = True
-        if self._proc is not None and self._rc is None:
+    def _signal_run(self) -> None:
+        """SIGTERM to the run, once: train.py checkpoints at its next step and leaves."""
+        if self._proc is not None and self._rc is None and not self._signalled:
+            self._signalled = True
             self._proc.send_signal(signal.SIGTERM)
 
+    def _forward(self, signum, frame) -> None:
+        """A stop asked of the job (the sweep may ask more than once; the run hears it once)."""
+        self._stopping = True
+        self._signal_run()
+
     def checkpoint(self, *args, **kwargs):
-        """submitit's preemption hook (SIGUSR2 on SLURM): let the run checkpoint, record this
-        launch, and hand submitit the same job to requeue; it resumes the run."""
+        """submitit's preemption hook (SIGUSR2 on SLURM; in a job of several tasks only the
+        first task's): let the run checkpoint (its ranks agree to stop at one step), record
+        this launch, and hand submitit the same job to requeue; it resumes the run. A run that
+        has already ended is not requeued (None): the sweep reads its status."""
         from submitit.helpers import DelayedSubmission
 
-        if self._proc is not None:
-            before = self._record_before()
-            self._forward(signal.SIGTERM, None)
-            self._record(before, self._wait(), time.perf_counter() - self._t0)
-            self._proc = None
-        return DelayedSubmission(TrainJob(self.cmd, self.run_dir, self.cwd, self.label,
-                                          self.seed, self.threads, self.jobs))
+        if self._proc is None:
+            return DelayedSubmission(self)
+        ended = self._rc is not None
+        self._forward(signal.SIGTERM, None)
+        self._record(self._wait(), time.perf_counter() - self._t0)
+        if ended:
+            return None
+        self._proc = None
+        return DelayedSubmission(self)  # pickled without this launch's state (LIVE)
 
     def _record_before(self) -> dict:
         f = Path(self.run_dir) / "sweep.json"
         return json.loads(f.read_text()) if f.is_file() else {}
 
-    def _record(self, before: dict, rc: int, wall: float) -> None:
-        """sweep.json: this cell and seed, the last exit status, and the wall time and number
-        of every launch so far."""
+    def _record(self, rc: int, wall: float) -> None:
+        """sweep.json, once per launch: this cell and seed, the last exit status, and the wall
+        time and number of every launch so far."""
+        if self._recorded:
+            return
+        self._recorded = True
+        before = self._before
+        gpus = self.gpus if self.gpus is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
         rec = {"cell": self.label, "seed": self.seed, "rc": rc,
                "wall_s": round(before.get("wall_s", 0.0) + wall, 1), "threads": self.threads,
                "jobs": self.jobs, "launches": before.get("launches", 1 if before else 0) + 1,
-               "gpus": os.environ.get("CUDA_VISIBLE_DEVICES") or None}
+               "gpus": gpus or None}
         (Path(self.run_dir) / "sweep.json").write_text(json.dumps(rec) + "\n")
+
+
+def task_rank() -> int:
+    """This task's place in its job (SLURM_PROCID under SLURM; 0 for a one-task job)."""
+    return int(os.environ.get("SLURM_PROCID", "0")) if task_count() > 1 else 0
+
+
+def task_count() -> int:
+    return int(os.environ.get("SLURM_NTASKS", "1") or 1) if "SUBMITIT_EXECUTOR" in os.environ \
+        and os.environ["SUBMITIT_EXECUTOR"] == "slurm" else 1
 
 
 @dataclass
@@ -128,7 +173,7 @@ class Slurm:
     partition: str | None = None
     nodes: int = 1
     tasks_per_node: int | None = None  # default: the run's ranks (dist.nproc_per_node) / nodes
-    gpus_per_node: int = 0
+    gpus_per_node: int = 0  # at most one per task is asked
     cpus_per_task: int | None = None  # default: the threads each run gets
     time_min: int = 24 * 60
     signal_delay_s: int = 120
@@ -137,9 +182,30 @@ class Slurm:
     constraint: str | None = None
     setup: list[str] = field(default_factory=list)  # shell lines before the job (module load)
 
+    def layout(self, ranks: int) -> tuple[int, int]:
+        """(nodes, tasks per node) for a run of `ranks` ranks, one rank per task. A one-rank
+        run (the simulation included) takes one task on one node whatever was asked."""
+        if ranks == 1:
+            return 1, 1
+        tasks = self.tasks_per_node or ranks // self.nodes
+        if self.nodes * tasks != ranks:
+            raise BnlabError(
+                f"a run with {ranks} ranks (dist.nproc_per_node={ranks}) cannot be laid out as "
+                f"--nodes {self.nodes} x --tasks-per-node {tasks}; give nodes and tasks per "
+                f"node whose product is {ranks}.")
+        if self.gpus_per_node and self.gpus_per_node < tasks:
+            raise BnlabError(
+                f"--gpus-per-node {self.gpus_per_node} is fewer than the {tasks} ranks per "
+                f"node of a {ranks}-rank run (one GPU each); ask for at least {tasks}, or "
+                "for none to train on CPU.")
+        return self.nodes, tasks
+
     def parameters(self, ranks: int, threads: int, array_parallelism: int) -> dict:
-        tasks = self.tasks_per_node or max(1, ranks // self.nodes)
-        p = {"nodes": self.nodes, "ntasks_per_node": tasks, "gpus_per_node": self.gpus_per_node,
+        """submitit's SlurmExecutor parameters for the runs of `ranks` ranks: one task per
+        rank, and one GPU per task where GPUs were asked."""
+        nodes, tasks = self.layout(ranks)
+        p = {"nodes": nodes, "ntasks_per_node": tasks,
+             "gpus_per_node": min(self.gpus_per_node, tasks),
              "cpus_per_task": self.cpus_per_task or threads, "time": self.time_min,
              "signal_delay_s": self.signal_delay_s, "array_parallelism": array_parallelism,
              "job_name": "bnlab", "setup": list(self.setup)}

@@ -31,7 +31,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +44,7 @@ from bnlab.config import NOT_EXPERIMENT, without, without_added_later
 from bnlab.errors import BnlabError
 from bnlab.lab.jobs import LAUNCHERS, STOP_SIGNALS, Slurm, TrainJob, executor
 from bnlab.paths import CONFIGS, ROOT, RUNS, shown
+from bnlab.preempt import StopRequest
 from bnlab.rundir import machine, read_status
 
 FINAL = ("completed", "diverged")  # a run with this status is a result: never re-run
@@ -52,9 +52,12 @@ RUN_ONLY = ["progress=false", "checkpoint=true", "resume=auto"]
 PREEMPTED = 75  # the sweep's exit status when stopped by a signal (as train.py's)
 SUBMITIT = ".submitit"  # submitit's folder of job pickles and logs, under runs/<tag>/
 JOB_RECORD = "job.json"  # the SLURM job a run was last submitted as
-SLURM_ALIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING",
-               "SUSPENDED")
+# SLURM states of a job that is (or may be) still queued or running: never submitted again
+SLURM_ALIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING",
+               "COMPLETING", "RESIZING", "SUSPENDED", "PREEMPTED", "STOPPED", "SIGNALING",
+               "STAGE_OUT", "UNKNOWN")
 POLL_S, SLURM_POLL_S = 0.5, 30.0
+RESEND_S = 5.0  # while a sweep stops, each running job is asked again this often
 
 
 @dataclass
@@ -207,30 +210,21 @@ def train_job(cell: Cell, seed: int, d: Path, data: str | None, threads: int, jo
     return TrainJob(cmd, str(d), str(ROOT), cell.label, seed, threads, jobs)
 
 
-class Stop:
+class Stop(StopRequest):
     """SIGTERM or Ctrl-C while the sweep runs: nothing new starts and every running job is
     asked to checkpoint. The jobs themselves ignore Ctrl-C from the terminal (they inherit an
     ignored SIGINT), so the sweep is the one that stops them, in order."""
 
     def __init__(self):
-        self.asked = False
-        self.handlers: dict = {}
+        super().__init__(STOP_SIGNALS)
 
-    def __enter__(self) -> Stop:
-        if threading.current_thread() is threading.main_thread():
-            self.handlers = {s: signal.signal(s, self._ask) for s in STOP_SIGNALS}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, h in self.handlers.items():
-            signal.signal(s, h)
-
-    def _ask(self, *_) -> None:
-        self.asked = True
+    @property
+    def asked(self) -> bool:
+        return self.signum != 0
 
     def submit(self, ex, job: TrainJob):
         """Submit with SIGINT ignored, so that the job's processes inherit it ignored."""
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN) if self.handlers else None
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN) if self._old else None
         try:
             return ex.submit(job)
         finally:
@@ -238,19 +232,24 @@ class Stop:
                 signal.signal(signal.SIGINT, old)
 
 
-def job_result(job, d: Path) -> tuple[str, float]:
-    """How a finished job's run ended: the job's own report, else the run's status.json."""
+def job_result(job, d: Path, stopping: bool = False) -> tuple[str, float]:
+    """How a finished job's run ended: the report of the job's first task (rank 0), else the
+    run's status.json. A job stopped by the sweep before its run began is `not started`."""
     try:
-        res = job.result()
+        res = job.task(0).result()
         return res["status"], res["wall_s"]
-    except Exception:  # the job died without a report (killed, out of memory)
+    except Exception:  # the job died without a report (killed, out of memory, stopped early)
         status = read_status(d)
+        if stopping and status is None and not resumable(d):
+            return "not started", 0.0
         return ("failed" if status in (None, "running") else status), 0.0
 
 
 def submit_folder(root: Path, tag: str) -> Path:
-    """Where submitit keeps each job's pickles and logs (ignored by git)."""
-    return root / tag / SUBMITIT / "%j"
+    """Where submitit keeps each job's pickles and logs (ignored by git): one folder per
+    sweep command, so a job id (a process id, on this machine) never meets an older one."""
+    here = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    return root / tag / SUBMITIT / here / "%j"
 
 
 def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | None = None,
@@ -263,6 +262,9 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
     returns once they are submitted)."""
     tag = data_tag(specs[0].cells[0].cfg)
     name = "+".join(s.name for s in specs)
+    if launcher == "slurm":  # every run's layout, before anything is moved or submitted
+        for n in sorted({c.cfg["dist"]["nproc_per_node"] for s in specs for c in s.cells}):
+            (slurm or Slurm()).layout(n)
     todo = []
     for cell, seed, d in plan(specs, tag, root):
         status = read_status(d)
@@ -287,29 +289,34 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
         (slurm or Slurm()).cpus_per_task or 1
     runs = [train_job(c, s, d, data, threads, jobs, extra or []) for c, s, d in todo]
     if launcher == "slurm":
-        return submit_slurm(todo, runs, root / tag, jobs, threads, slurm or Slurm(), wait)
+        return submit_slurm(todo, runs, submit_folder(root, tag), jobs, threads,
+                            slurm or Slurm(), wait)
     counts: dict[str, int] = {}
     queue = list(zip(todo, runs, strict=True))
     running: dict = {}
     ex = executor("local", submit_folder(root, tag))
     free, held = gpu_ids(torch_gpus() if gpus is None else gpus), {}  # ids not in use; job ->
-    total = len(free)
-    if any(needs(c, total) > total for c, _, _ in todo):
-        raise BnlabError(f"a run needs more GPUs than the {total} visible here; run it on a "
+    n_gpus = len(free)
+    if any(needs(c, n_gpus) > n_gpus for c, _, _ in todo):
+        raise BnlabError(f"a run needs more GPUs than the {n_gpus} visible here; run it on a "
                          "machine with more, or with --launcher slurm.")
     with Stop() as stop, tqdm(total=len(todo), desc=name, unit="run", dynamic_ncols=True) as bar:
-        signalled = False
+        asked_at = 0.0  # when the running jobs were last asked to stop
         while queue or running:
             while queue and len(running) < jobs and not stop.asked and \
-                    needs(queue[0][0][0], total) <= len(free):
+                    needs(queue[0][0][0], n_gpus) <= len(free):
                 (cell, seed, d), run = queue.pop(0)
-                ids = [free.pop(0) for _ in range(needs(cell, total))]
+                ids = [free.pop(0) for _ in range(needs(cell, n_gpus))]
                 ex.update_parameters(gpus_per_node=len(ids), visible_gpus=tuple(ids))
+                run.gpus = ",".join(map(str, ids)) if ids else os.environ.get(
+                    "CUDA_VISIBLE_DEVICES")  # GPUs named by UUID: every run sees all of them
                 job = stop.submit(ex, run)
                 running[job], held[job] = (cell, seed, d), ids
-            if stop.asked and not signalled:
-                signalled = True
-                for job in running:  # submitit's controller passes it on to the job
+            if stop.asked and time.monotonic() - asked_at > RESEND_S:
+                # Again and again: a job still starting may have missed it (the run hears it
+                # once). submitit's controller passes it on to the job.
+                asked_at = time.monotonic()
+                for job in running:
                     if job._process is not None and job._process.poll() is None:
                         job._process.send_signal(signal.SIGTERM)
             if stop.asked and queue:
@@ -318,7 +325,7 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
             for job in [j for j in running if j.done()]:
                 cell, seed, d = running.pop(job)
                 free += held.pop(job)
-                status, wall = job_result(job, d)
+                status, wall = job_result(job, d, stop.asked)
                 counts[status] = counts.get(status, 0) + 1
                 if status == "not started":
                     continue
@@ -368,8 +375,9 @@ def slurm_job_alive(d: Path) -> str | None:
 
 def submit_slurm(todo, runs: list[TrainJob], folder: Path, jobs: int, threads: int,
                  slurm: Slurm, wait: bool) -> dict[str, int]:
-    """Submit the runs as one SLURM job array (at most `jobs` at a time) and record each
-    run's job id in its directory; with `wait`, follow them until they end."""
+    """Submit the runs as SLURM job arrays, one per number of ranks (each at most `jobs` at a
+    time; submitit's logs under `folder`), and record each run's job id in its directory;
+    with `wait`, follow them until they end."""
     if not runs:
         return {}
     ranks = {c.cfg["dist"]["nproc_per_node"] for c, _, _ in todo}
@@ -378,8 +386,7 @@ def submit_slurm(todo, runs: list[TrainJob], folder: Path, jobs: int, threads: i
     for n in sorted(ranks):  # one array per number of ranks: each asks for its own tasks
         group = [(t, r) for t, r in zip(todo, runs, strict=True)
                  if t[0].cfg["dist"]["nproc_per_node"] == n]
-        ex = executor("slurm", folder / SUBMITIT / "%j", ranks=n, threads=threads, jobs=jobs,
-                      slurm=slurm)
+        ex = executor("slurm", folder, ranks=n, threads=threads, jobs=jobs, slurm=slurm)
         with ex.batch():
             pending = [ex.submit(r) for _, r in group]
         for ((cell, seed, d), _), job in zip(group, pending, strict=True):
@@ -400,10 +407,10 @@ def submit_slurm(todo, runs: list[TrainJob], folder: Path, jobs: int, threads: i
                 counts[status] = counts.get(status, 0) + 1
                 print(f"  {status:9s} {item[1].label} seed {item[2]}  {item[3]}")
             time.sleep(SLURM_POLL_S)
-        if stop.asked:  # running jobs checkpoint (SIGTERM reaches train.py); queued ones go
-            for job, *_ in live:
-                subprocess.run(["scancel", "--signal=TERM", "--state=RUNNING", job.job_id])
-                subprocess.run(["scancel", "--state=PENDING", job.job_id])
+        if stop.asked:  # queued jobs go first (none starts meanwhile), then running ones
+            ids = [job.job_id for job, *_ in live]  # checkpoint (SIGTERM reaches train.py)
+            subprocess.run(["scancel", "--state=PENDING", *ids])
+            subprocess.run(["scancel", "--signal=TERM", "--state=RUNNING", *ids])
             counts["preempted"] = len(live)
     return counts
 
@@ -431,16 +438,20 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
                    help="local: on this machine, --jobs at a time (default); slurm: one job "
                         "array, --jobs at a time")
     g.add_argument("--partition", help="SLURM partition")
-    g.add_argument("--nodes", type=int, default=1, help="SLURM nodes per run (default 1)")
+    g.add_argument("--nodes", type=int,
+                   help="SLURM nodes per run of several ranks (default 1; a one-rank run, "
+                        "simulated ones included, always takes one)")
     g.add_argument("--tasks-per-node", type=int,
                    help="SLURM tasks per node, one rank each (default: the run's "
                         "dist.nproc_per_node / --nodes)")
-    g.add_argument("--gpus-per-node", type=int, default=0, help="SLURM GPUs per node")
+    g.add_argument("--gpus-per-node", type=int,
+                   help="SLURM GPUs per node, one per rank (default 0: train on CPU)")
     g.add_argument("--cpus-per-task", type=int, help="SLURM CPUs per task (default 1)")
-    g.add_argument("--time", type=int, default=24 * 60, help="SLURM time limit, minutes")
-    g.add_argument("--signal-delay", type=int, default=120,
+    g.add_argument("--time", type=int,
+                   help=f"SLURM time limit, minutes (default {Slurm.time_min})")
+    g.add_argument("--signal-delay", type=int,
                    help="seconds before the time limit that SLURM asks the run to checkpoint; "
-                        "the job is then requeued and resumes (default 120)")
+                        f"the job is then requeued and resumes (default {Slurm.signal_delay_s})")
     g.add_argument("--account", help="SLURM account")
     g.add_argument("--qos", help="SLURM quality of service")
     g.add_argument("--constraint", help="SLURM node constraint")
@@ -452,24 +463,29 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
                         "still queued or running)")
 
 
+SLURM_ONLY = ("partition", "nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "time",
+              "signal_delay", "account", "qos", "constraint", "setup", "no_wait")
+
+
 def launcher_kwargs(a: argparse.Namespace) -> dict:
     """sweep()'s launcher arguments from add_launcher_args' options."""
     if a.launcher == "local":
-        slurm_only = [o for o in ("partition", "tasks_per_node", "cpus_per_task", "account",
-                                  "qos", "constraint") if getattr(a, o)]
-        if a.nodes != 1:
-            slurm_only.append("nodes")
-        if slurm_only:
-            flag = "--" + slurm_only[0].replace("_", "-")
+        given = [o for o in SLURM_ONLY if getattr(a, o) not in (None, False, [])]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
             raise BnlabError(f"{flag} is a SLURM option; add --launcher slurm, or leave it out.")
         return {"launcher": "local"}
-    for name in ("nodes", "time", "signal_delay"):
-        if getattr(a, name) < 1:
-            raise BnlabError(f"--{name.replace('_', '-')}={getattr(a, name)} must be at least 1.")
-    slurm = Slurm(partition=a.partition, nodes=a.nodes, tasks_per_node=a.tasks_per_node,
-                  gpus_per_node=a.gpus_per_node, cpus_per_task=a.cpus_per_task,
-                  time_min=a.time, signal_delay_s=a.signal_delay, account=a.account, qos=a.qos,
-                  constraint=a.constraint, setup=list(a.setup))
+    for name in ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "time",
+                 "signal_delay"):
+        v, low = getattr(a, name), 0 if name == "gpus_per_node" else 1
+        if v is not None and v < low:
+            raise BnlabError(f"--{name.replace('_', '-')}={v} must be at least {low}.")
+    base = Slurm()
+    slurm = Slurm(partition=a.partition, nodes=a.nodes or base.nodes,
+                  tasks_per_node=a.tasks_per_node, gpus_per_node=a.gpus_per_node or 0,
+                  cpus_per_task=a.cpus_per_task, time_min=a.time or base.time_min,
+                  signal_delay_s=a.signal_delay or base.signal_delay_s, account=a.account,
+                  qos=a.qos, constraint=a.constraint, setup=list(a.setup))
     return {"launcher": "slurm", "slurm": slurm, "wait": not a.no_wait}
 
 

@@ -170,6 +170,70 @@ def test_a_run_stopped_before_it_began_is_not_started(tmp_path):
     assert not d.exists()
 
 
+def test_a_stop_that_comes_while_the_run_starts_reaches_it_once_it_has(tmp_path):
+    """The sweep's SIGTERM can reach the job between submitit starting it and the run's
+    process existing: the job passes it on as soon as the run is there, and only once."""
+    d = tmp_path / "cell" / "seed0"
+    job = TrainJob([sys.executable, "-c", "import time; time.sleep(60)"], str(d), str(ROOT),
+                   "a", 0, 1, 1)
+    job._forward(signal.SIGTERM, None)  # before any process: nothing to signal yet
+    t0 = time.monotonic()
+    assert job() == {"status": "not started", "wall_s": 0.0}
+    assert time.monotonic() - t0 < 30 and job._signalled
+
+
+def test_a_job_gives_its_run_the_sweeps_gpus_and_a_session_of_its_own(tmp_path):
+    """CUDA_VISIBLE_DEVICES as the sweep chose it (submitit's controller sets its own, which
+    names no GPU where the sweep's names them by UUID), and a new session, so that Ctrl-C in
+    the terminal reaches the sweep and never the run's ranks directly."""
+    d = tmp_path / "cell" / "seed0"
+    code = ("import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'), os.getsid(0) == "
+            "os.getpid())")
+    job = TrainJob([sys.executable, "-c", code], str(d), str(ROOT), "a", 0, 1, 1,
+                   gpus="GPU-8a1f,GPU-77c2")
+    assert job()["status"] == "failed"  # no status.json: this is not train.py
+    assert (d / "train.log").read_text().split() == ["GPU-8a1f,GPU-77c2", "True"]
+    assert json.loads((d / "sweep.json").read_text())["gpus"] == "GPU-8a1f,GPU-77c2"
+
+
+def test_in_a_slurm_job_of_several_tasks_only_the_first_writes_the_runs_records(
+        tmp_path, monkeypatch):
+    d = tmp_path / "cell" / "seed0"
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    for rank in ("1", "0"):
+        monkeypatch.setenv("SLURM_PROCID", rank)
+        job = TrainJob([sys.executable, "-c", f"print('rank {rank}')"], str(d), str(ROOT),
+                       "a", 0, 1, 1)
+        job()
+        if rank == "1":
+            assert not (d / "sweep.json").exists() and not (d / "train.log").exists()
+    assert (d / "train.rank1.log").read_text() == "rank 1\n"
+    assert (d / "train.log").read_text() == "rank 0\n"
+    assert json.loads((d / "sweep.json").read_text())["launches"] == 1
+
+
+class Died:
+    """A submitit job that ended without a report."""
+
+    def task(self, k):
+        return self
+
+    def result(self):
+        raise RuntimeError("killed")
+
+
+def test_a_job_that_died_during_a_stop_before_its_run_began_is_not_started(tmp_path):
+    from bnlab.lab.sweep import job_result
+
+    d = tmp_path / "cell" / "seed0"
+    assert job_result(Died(), d, stopping=True) == ("not started", 0.0)
+    assert job_result(Died(), d, stopping=False) == ("failed", 0.0)
+    d.mkdir(parents=True)
+    set_status(d, "preempted")
+    assert job_result(Died(), d, stopping=True) == ("preempted", 0.0)
+
+
 def children(pid: int) -> list[int]:
     return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
@@ -208,6 +272,7 @@ def fake_slurm(tmp_path: Path, monkeypatch, sacct_state: str = "RUNNING") -> Pat
     bin_.mkdir()
     out.mkdir()
     scripts = {"srun": "#!/bin/bash\nexit 0\n", "sbatch": FAKE_SBATCH.format(out=out),
+               "scancel": f"#!/bin/bash\necho \"$*\" >> {tmp_path}/scancel.log\n",
                "sacct": f"#!/bin/bash\necho 'JobID|State|NodeList'\n"
                         f"echo '4242_[0-1]|{sacct_state}|node1'\n"}
     for name, text in scripts.items():
@@ -247,6 +312,23 @@ def test_slurm_submits_one_array_with_the_asked_resources(tmp_path, monkeypatch)
     assert len(list(out.iterdir())) == 1
 
 
+def test_a_stopped_slurm_sweep_cancels_queued_jobs_then_asks_running_ones_to_checkpoint(
+        tmp_path, monkeypatch):
+    """Queued first, so none starts in between; running ones get SIGTERM (their runs
+    checkpoint) rather than being killed."""
+    import bnlab.lab.sweep as sweep_module
+
+    fake_slurm(tmp_path, monkeypatch)
+    monkeypatch.setattr(sweep_module, "SLURM_POLL_S", 0.1)
+    spec = tiny_spec(tmp_path)
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    counts = sweep([spec], None, jobs=2, root=tmp_path / "runs", launcher="slurm",
+                   slurm=Slurm(), wait=True)
+    assert counts == {"preempted": 2}
+    assert (tmp_path / "scancel.log").read_text().splitlines() == [
+        "--state=PENDING 4242_0 4242_1", "--signal=TERM --state=RUNNING 4242_0 4242_1"]
+
+
 def test_slurm_gives_a_real_ddp_cell_one_task_per_rank(tmp_path, monkeypatch):
     out = fake_slurm(tmp_path, monkeypatch)
     spec = tmp_path / "ddp" / "sweep.yaml"
@@ -260,11 +342,29 @@ def test_slurm_gives_a_real_ddp_cell_one_task_per_rank(tmp_path, monkeypatch):
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=1" in script
 
 
-def test_slurm_options_without_the_slurm_launcher_are_refused():
-    r = run_entry("bnlab/lab/sweep.py", str(EXPERIMENTS / "jitter/sweep.yaml"), "--partition",
-                  "gpu", "--dry-run", cwd=ROOT)
-    assert r.returncode == 2 and "--partition is a SLURM option" in r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1
+@pytest.mark.parametrize("opt", ["--partition=gpu", "--gpus-per-node=1", "--time=60",
+                                 "--signal-delay=30", "--setup=true", "--no-wait", "--nodes=1"])
+def test_slurm_options_without_the_slurm_launcher_are_refused(opt, capsys):
+    from bnlab.lab.sweep import main
+
+    assert main([str(EXPERIMENTS / "jitter/sweep.yaml"), opt, "--dry-run"]) == 2
+    flag = opt.split("=")[0]
+    assert f"{flag} is a SLURM option" in capsys.readouterr().err
+
+
+def test_slurm_lays_out_one_task_per_rank_and_refuses_a_layout_that_does_not_fit():
+    two_nodes = Slurm(nodes=2, gpus_per_node=8)
+    assert two_nodes.layout(1) == (1, 1)  # one rank (or a simulation): one task, one node
+    assert two_nodes.layout(4) == (2, 2)
+    p = two_nodes.parameters(4, 1, 2)
+    assert (p["nodes"], p["ntasks_per_node"], p["gpus_per_node"]) == (2, 2, 2)
+    assert two_nodes.parameters(1, 1, 2)["gpus_per_node"] == 1
+    with pytest.raises(BnlabError, match="cannot be laid out as --nodes 2 x --tasks-per-node 1"):
+        Slurm(nodes=2).layout(3)
+    with pytest.raises(BnlabError, match="product is 4"):
+        Slurm(tasks_per_node=3).layout(4)
+    with pytest.raises(BnlabError, match="--gpus-per-node 1 is fewer than the 4 ranks"):
+        Slurm(gpus_per_node=1).layout(4)
 
 
 def smoke_cfg(cell: Cell) -> dict:
