@@ -127,36 +127,21 @@ def test_auto_picks_torchs_kernels_on_cuda_and_bnlabs_on_cpu():
     assert syncbn_impl("auto", "cpu") == "bnlab"
 
 
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (NCCL)")
+
+
 @needs_cifar
-def test_train_py_on_one_gpu_records_no_syncbn_implementation(tmp_path):
-    """One rank syncs with nobody: plain BN runs, and run.json says no SyncBN ran."""
+@pytest.mark.parametrize("args, impl", [
+    ([], None),  # one rank syncs with nobody: plain BN runs, and run.json says so
+    (["dist.simulate=2"], "bnlab"),  # the simulation is bnlab's on any device
+    pytest.param(["dist.nproc_per_node=2"], "torch", marks=TWO_GPUS),
+    pytest.param(["dist.nproc_per_node=2", "norm.impl=bnlab"], "bnlab", marks=TWO_GPUS),
+], ids=["one-gpu", "simulated", "two-gpus-auto", "two-gpus-bnlab"])
+def test_train_py_runs_syncbn_on_cuda_and_records_which_implementation(tmp_path, args, impl):
     r = run_entry("train.py", *SMOKE, f"output_dir={tmp_path}/out", "dist.device=cuda",
-                  "norm=syncbn", cwd=tmp_path)
+                  "norm=syncbn", *args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     (d,) = run_dirs(tmp_path)
     info = json.loads((d / "run.json").read_text())
-    assert info["device"].startswith("cuda") and info["syncbn_impl"] is None
+    assert info["device"].startswith("cuda") and info["syncbn_impl"] == impl
     assert json.loads((d / "status.json").read_text())["status"] == "completed"
-
-
-@needs_cifar
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (NCCL, 2 ranks)")
-@pytest.mark.parametrize("impl", ["auto", "bnlab"])
-def test_train_py_runs_syncbn_on_two_gpus_and_records_the_implementation(tmp_path, impl):
-    r = run_entry("train.py", *SMOKE, f"output_dir={tmp_path}/out", "dist.device=cuda",
-                  "dist.nproc_per_node=2", "norm=syncbn", f"norm.impl={impl}", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    (d,) = run_dirs(tmp_path)
-    info = json.loads((d / "run.json").read_text())
-    assert info["device"].startswith("cuda") and info["syncbn_impl"] == \
-        ("torch" if impl == "auto" else "bnlab")
-    assert json.loads((d / "status.json").read_text())["status"] == "completed"
-
-
-@needs_cifar
-def test_train_py_simulates_syncbn_on_one_gpu_with_bnlabs_function(tmp_path):
-    r = run_entry("train.py", *SMOKE, f"output_dir={tmp_path}/out", "dist.device=cuda",
-                  "dist.simulate=2", "norm=syncbn", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    (d,) = run_dirs(tmp_path)
-    assert json.loads((d / "run.json").read_text())["syncbn_impl"] == "bnlab"
