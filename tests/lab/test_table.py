@@ -53,8 +53,9 @@ def test_a_table_trains_measures_and_writes_then_rebuilds_from_what_it_kept(tmp_
     assert res["finished"] == 2 and res["measure_s"] > 0
     assert all(read_status(d) == "completed"
                for d in (tmp_path / "runs" / "synthetic-32").glob("*/seed0"))
-    jobs = list((tmp_path / "runs" / "synthetic-32" / ".submitit").glob("*/*_result.pkl"))
-    assert len(jobs) == 2  # each run was one submitit job, which reported back
+    # each run was one submitit job, which reported back (in this sweep command's folder)
+    jobs = list((tmp_path / "runs" / "synthetic-32" / ".submitit").glob("*/*/*_result.pkl"))
+    assert len(jobs) == 2
     readme = (tmp_path / "exp" / "README.md").read_text()
     assert "<!-- c99:begin -->" in readme and "| C99 | `make table-tiny` |" in readme
     (out / "table.md").unlink()
