@@ -9,7 +9,7 @@ DEMO_DIR := outputs/demo/$(STAMP)
 export BNLAB_TEST_DATA ?= $(abspath ../shared/data/cifar10-mini)
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-gpu test-slow lint demo bench perf-doc clean table-jitter table-batch table-ranks \
+.PHONY: help install test test-gpu test-slurm test-slow lint demo bench perf-doc clean table-jitter table-batch table-ranks \
 	tables report table-pitfalls figure-losslog table-evalmode table-rankstats table-sync \
 	table-precisebn layout table-lrpilot table-plateau table-decompose
 JOBS ?= $(shell nproc 2>/dev/null || echo 1)
@@ -34,6 +34,9 @@ test-gpu: install ## on a CUDA machine: the cuda tests, then the GPU benchmark s
 	$(PY) -m pytest -q -m cuda -rs
 	$(PY) benchmarks/bench.py --only gpu
 	$(PY) benchmarks/perfdoc.py
+
+test-slurm: install ## on a SLURM cluster: sweeps submitted for real (tests/slurm/local-cluster.sh starts one; ~6 min)
+	$(PY) -m pytest -q -m slurm -rs
 
 test-slow: install ## run only the slow tests
 	$(PY) -m pytest -q -m slow

@@ -117,8 +117,11 @@ def max_local_ranks(device: str) -> int:
     return 4 * (os.cpu_count() or 1)
 
 
-def validate(cfg: dict) -> None:
-    """Reject invalid values with one sentence; nothing has been created yet."""
+def validate(cfg: dict, here: bool = True) -> None:
+    """Reject invalid values with one sentence; nothing has been created yet. `here=False`
+    (a config composed to be run on another machine: a SLURM sweep's cells on the machine
+    that submits them) leaves out what only the machine that trains can check: CUDA, and
+    how many local ranks it can run."""
     _pos_int(cfg, "batch_per_gpu", "a positive integer (images per rank per micro-batch)")
     _pos_int(cfg, "grad_accum", "a positive integer (micro-batches per optimizer step)")
     _pos_int(cfg, "max_steps", "a whole number of optimizer steps (0 = all epochs)", minimum=0)
@@ -167,9 +170,10 @@ def validate(cfg: dict) -> None:
     _choice(cfg, "dist.device", ("auto", "cpu", "cuda"))
     _choice(cfg, "dist.backend", ("auto", "gloo", "nccl"))
     _choice(cfg, "dist.bn_sync", BN_SYNC_MODES)
-    if d["device"] == "cuda" and not torch.cuda.is_available():
+    if here and d["device"] == "cuda" and not torch.cuda.is_available():
         raise BnlabError("dist.device=cuda but no CUDA device is visible; use dist.device=auto.")
-    cuda = d["device"] == "cuda" or (d["device"] == "auto" and torch.cuda.is_available())
+    cuda = d["device"] == "cuda" or (d["device"] == "auto" and
+                                     (not here or torch.cuda.is_available()))
     if d["backend"] == "nccl" and not cuda:
         raise BnlabError("dist.backend=nccl needs CUDA; use dist.backend=auto (gloo on CPU).")
     if cfg["norm"]["kind"] == "syncbn":
@@ -182,9 +186,10 @@ def validate(cfg: dict) -> None:
     if d["simulate"] > 1 and d["nproc_per_node"] > 1:
         raise BnlabError("dist.simulate and dist.nproc_per_node cannot both exceed 1; "
                          "simulate W ranks in one process, or run real ranks.")
-    limit = max_local_ranks(d["device"])
-    _need(d["nproc_per_node"] <= limit, "dist.nproc_per_node",
-          f"at most {limit} on this machine", d["nproc_per_node"])
+    if here and "RANK" not in os.environ:  # torchrun's or SLURM's tasks: each is one rank
+        limit = max_local_ranks(d["device"])
+        _need(d["nproc_per_node"] <= limit, "dist.nproc_per_node",
+              f"at most {limit} on this machine", d["nproc_per_node"])
     _need(_is_num(d["timeout_s"]) and d["timeout_s"] > 0, "dist.timeout_s", "a positive number",
           d["timeout_s"])
     _pos_int(cfg, "dist.threads", "a non-negative integer (0 = cores / local ranks)", minimum=0)

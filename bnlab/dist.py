@@ -37,16 +37,20 @@ class DistEnv:
 
 
 def adopt_slurm_env(env: dict | None = None) -> bool:
-    """Under SLURM with several tasks per job (Hydra's submitit launcher with
-    `tasks_per_node` = ranks, or `srun`), give each task torchrun's variables: RANK,
-    WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and a rendezvous address. Returns True if it did.
-    Nothing changes when torchrun's RANK is already set or the job has one task.
+    """In a SLURM job step of several tasks (`srun`, as submitit and Hydra's submitit launcher
+    start them), give each task torchrun's variables: RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE and a rendezvous address. Returns True if it did.
+
+    Only a step's tasks are ranks (srun sets SLURM_STEP_NUM_TASKS): a batch script of a job
+    with several tasks also sees SLURM_NTASKS and SLURM_PROCID=0, and a `python train.py` there
+    is one process, not rank 0 of tasks that will never come. Nothing changes when torchrun's
+    RANK is already set or the step has one task.
     """
     env = os.environ if env is None else env
-    ntasks = int(env.get("SLURM_NTASKS", "1") or 1)
+    ntasks = int(env.get("SLURM_STEP_NUM_TASKS", "1") or 1)
     if "RANK" in env or ntasks < 2 or "SLURM_PROCID" not in env:
         return False
-    nodes = int(env.get("SLURM_NNODES", "1") or 1)
+    nodes = int(env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES", "1")) or 1)
     env["RANK"] = env["SLURM_PROCID"]
     env["WORLD_SIZE"] = str(ntasks)
     env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")

@@ -63,17 +63,26 @@ def _rendezvous_stamp(own: str) -> str | None:
             "check that every agent can reach it, or set BNLAB_RUN_STAMP on every node.") from e
 
 
+def slurm_stamp(env) -> str:
+    """`slurm-<job>` (an array's task: `slurm-<array>_<task>`), and `.<step>` in an srun step,
+    as SLURM names steps: every task of a step agrees, a requeued job's steps are numbered
+    again from 0 (so it finds its runs and resumes them), and two runs one after the other in
+    one job (two srun steps) get a directory each."""
+    job = (f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+           if "SLURM_ARRAY_TASK_ID" in env else env["SLURM_JOB_ID"])
+    step = env.get("SLURM_STEP_ID")
+    return f"slurm-{job}" + (f".{step}" if step not in (None, "") else "")
+
+
 def run_stamp() -> str:
-    """One stamp per run: $BNLAB_RUN_STAMP, else the SLURM job (all its tasks, and the job
-    again after a requeue), else rank 0's under torchrun (every agent, on any node), else
+    """One stamp per run: $BNLAB_RUN_STAMP, else the SLURM job step (all its tasks, and the
+    job again after a requeue), else rank 0's under torchrun (every agent, on any node), else
     the local agent's start, else now."""
     global _stamp
     if _stamp is None:
         _stamp = os.environ.get("BNLAB_RUN_STAMP")
-    if _stamp is None and "SLURM_JOB_ID" in os.environ:  # an array's task: its own job id
-        env = os.environ
-        _stamp = "slurm-" + (f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
-                             if "SLURM_ARRAY_TASK_ID" in env else env["SLURM_JOB_ID"])
+    if _stamp is None and "SLURM_JOB_ID" in os.environ:
+        _stamp = slurm_stamp(os.environ)
     if _stamp is None:
         t = _parent_start_time() if "TORCHELASTIC_RUN_ID" in os.environ else None
         own = time.strftime(FORMAT, time.localtime(t if t is not None else time.time()))
@@ -84,4 +93,6 @@ def run_stamp() -> str:
 
 def register() -> None:
     if not OmegaConf.has_resolver("run_stamp"):
-        OmegaConf.register_new_resolver("run_stamp", run_stamp)
+        # use_cache: a config pickled to another process (Hydra's submitit launcher sends
+        # its jobs the one it resolved when it submitted them) keeps the stamp it resolved to.
+        OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True)

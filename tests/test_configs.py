@@ -100,6 +100,24 @@ def test_bad_values_are_refused_naming_the_key(override, key):
 
 
 
+def test_what_only_the_training_machine_can_check_waits_for_it(monkeypatch):
+    """A SLURM sweep composes its cells on the machine that submits them (here=False): CUDA
+    and the local ranks are the compute node's to check. A task that torchrun or SLURM
+    started is one rank, whatever dist.nproc_per_node the run has in all."""
+    gpu_cell = compose_train(["dist.device=cuda", "norm=syncbn", "norm.impl=torch",
+                              "dist.nproc_per_node=100000"])
+    with pytest.raises(BnlabError):
+        validate(gpu_cell)
+    validate(gpu_cell, here=False)
+    for wrong in (["dist.backend=nccl", "dist.device=cpu"],
+                  ["norm=syncbn", "norm.impl=torch", "dist.device=cpu"]):
+        with pytest.raises(BnlabError):
+            validate(compose_train(wrong), here=False)  # wrong on any machine
+    many = compose_train(["dist.nproc_per_node=100000"])
+    monkeypatch.setenv("RANK", "3")
+    validate(many)
+
+
 def test_adamw_is_torch_adamw_with_beta1_from_momentum():
     import torch
 

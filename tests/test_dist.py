@@ -101,25 +101,42 @@ def test_grad_accum_equals_one_big_batch():
 
 
 def test_slurm_tasks_become_ranks_and_share_one_run_directory(monkeypatch):
-    env = {"SLURM_NTASKS": "4", "SLURM_PROCID": "2", "SLURM_LOCALID": "2", "SLURM_NNODES": "1",
-           "SLURM_JOB_ID": "12345"}
+    env = {"SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "2",
+           "SLURM_LOCALID": "2", "SLURM_NNODES": "1", "SLURM_STEP_NUM_NODES": "1",
+           "SLURM_JOB_ID": "12345", "SLURM_STEP_ID": "0"}
     assert dist.adopt_slurm_env(env) is True
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == \
         ("2", "4", "2", "4")
     assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == str(20000 + 12345)
-    assert dist.adopt_slurm_env({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) is False
-    torchrun = {"SLURM_NTASKS": "4", "SLURM_PROCID": "2", "RANK": "0"}
+    two_nodes = {"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "3", "SLURM_LOCALID": "1",
+                 "SLURM_STEP_NUM_NODES": "2", "SLURM_JOB_ID": "5",
+                 "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.7"}
+    assert dist.adopt_slurm_env(two_nodes) is True
+    assert (two_nodes["RANK"], two_nodes["LOCAL_WORLD_SIZE"], two_nodes["MASTER_ADDR"]) == \
+        ("3", "2", "10.0.0.7")
+    assert dist.adopt_slurm_env({"SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "0"}) is False
+    # The batch script of a job with 4 tasks (what SLURM 22.05 gives it: no step variables) is
+    # one process, not rank 0 of 4 that would wait for 3 ranks that never come.
+    batch = {"SLURM_NTASKS": "4", "SLURM_PROCID": "0", "SLURM_JOB_ID": "6"}
+    assert dist.adopt_slurm_env(batch) is False and "RANK" not in batch
+    torchrun = {"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "2", "RANK": "0"}
     assert dist.adopt_slurm_env(torchrun) is False and torchrun["RANK"] == "0"
-    # Every task of the job, and the job again after a requeue, get the same directory.
-    monkeypatch.delenv("BNLAB_RUN_STAMP", raising=False)
+    # Every task of a step, and the job again after a requeue, get the same directory; the
+    # batch script (no step) names the job alone.
+    for k in ("BNLAB_RUN_STAMP", "SLURM_STEP_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+        monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("SLURM_JOB_ID", "777")
     monkeypatch.setattr(hydra_setup, "_stamp", None)
     assert hydra_setup.run_stamp() == "slurm-777"
+    # Two srun steps one after the other in one job are two runs: a directory each.
+    monkeypatch.setenv("SLURM_STEP_ID", "1")
+    monkeypatch.setattr(hydra_setup, "_stamp", None)
+    assert hydra_setup.run_stamp() == "slurm-777.1"
     # A job array's tasks are different runs: each its own stamp (the array's id is shared).
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "770")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
     monkeypatch.setattr(hydra_setup, "_stamp", None)
-    assert hydra_setup.run_stamp() == "slurm-770_3"
+    assert hydra_setup.run_stamp() == "slurm-770_3.1"
     monkeypatch.setattr(hydra_setup, "_stamp", None)
 
 

@@ -33,6 +33,7 @@ from bnlab.errors import BnlabError
 from bnlab.rundir import read_status
 
 LAUNCHERS = ("local", "slurm")
+FINAL = ("completed", "diverged")  # a run with this status is a result: never re-run
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 LOCAL_TIMEOUT_MIN = 60 * 24 * 30  # no time limit on this machine (submitit's default is 2 min)
 
@@ -129,10 +130,11 @@ class TrainJob:
 
         if self._proc is None:
             return DelayedSubmission(self)
-        ended = self._rc is not None
         self._forward(signal.SIGTERM, None)
         self._record(self._wait(), time.perf_counter() - self._t0)
-        if ended:
+        # SLURM may have signalled the run itself too, and it may have stopped first: whether
+        # it still has work is its status, not whether it had exited before this.
+        if read_status(Path(self.run_dir)) in FINAL:
             return None
         self._proc = None
         return DelayedSubmission(self)  # pickled without this launch's state (LIVE)
@@ -162,8 +164,11 @@ def task_rank() -> int:
 
 
 def task_count() -> int:
-    return int(os.environ.get("SLURM_NTASKS", "1") or 1) if "SUBMITIT_EXECUTOR" in os.environ \
-        and os.environ["SUBMITIT_EXECUTOR"] == "slurm" else 1
+    """Tasks of this SLURM job step (one per rank); 1 outside a submitit SLURM job."""
+    env = os.environ
+    if env.get("SUBMITIT_EXECUTOR") != "slurm":
+        return 1
+    return int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or 1)
 
 
 @dataclass
@@ -204,11 +209,15 @@ class Slurm:
         """submitit's SlurmExecutor parameters for the runs of `ranks` ranks: one task per
         rank, and one GPU per task where GPUs were asked."""
         nodes, tasks = self.layout(ranks)
+        cpus = self.cpus_per_task or threads
+        # srun is given the CPUs per task again: from SLURM 22.05 to 23.02 a step does not
+        # inherit the job's --cpus-per-task, and each rank would be bound to one CPU.
         p = {"nodes": nodes, "ntasks_per_node": tasks,
              "gpus_per_node": min(self.gpus_per_node, tasks),
-             "cpus_per_task": self.cpus_per_task or threads, "time": self.time_min,
-             "signal_delay_s": self.signal_delay_s, "array_parallelism": array_parallelism,
-             "job_name": "bnlab", "setup": list(self.setup)}
+             "cpus_per_task": cpus, "srun_args": ["--cpus-per-task", str(cpus)],
+             "time": self.time_min, "signal_delay_s": self.signal_delay_s,
+             "array_parallelism": array_parallelism, "job_name": "bnlab",
+             "setup": list(self.setup)}
         for k in ("partition", "account", "qos", "constraint"):
             if getattr(self, k):
                 p[k] = getattr(self, k)

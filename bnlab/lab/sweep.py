@@ -42,20 +42,20 @@ from bnlab.checkpoint import CHECKPOINT
 from bnlab.cli import run_cli
 from bnlab.config import NOT_EXPERIMENT, without, without_added_later
 from bnlab.errors import BnlabError
-from bnlab.lab.jobs import LAUNCHERS, STOP_SIGNALS, Slurm, TrainJob, executor
+from bnlab.lab.jobs import FINAL, LAUNCHERS, STOP_SIGNALS, Slurm, TrainJob, executor
 from bnlab.paths import CONFIGS, ROOT, RUNS, shown
 from bnlab.preempt import StopRequest
 from bnlab.rundir import machine, read_status
 
-FINAL = ("completed", "diverged")  # a run with this status is a result: never re-run
 RUN_ONLY = ["progress=false", "checkpoint=true", "resume=auto"]
 PREEMPTED = 75  # the sweep's exit status when stopped by a signal (as train.py's)
 SUBMITIT = ".submitit"  # submitit's folder of job pickles and logs, under runs/<tag>/
 JOB_RECORD = "job.json"  # the SLURM job a run was last submitted as
-# SLURM states of a job that is (or may be) still queued or running: never submitted again
+# SLURM states of a job that is (or may be) still queued or running: never submitted again,
+# followed instead. A job neither sacct nor squeue knows (accounting off or purged) is gone.
 SLURM_ALIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING",
                "COMPLETING", "RESIZING", "SUSPENDED", "PREEMPTED", "STOPPED", "SIGNALING",
-               "STAGE_OUT", "UNKNOWN")
+               "STAGE_OUT")
 POLL_S, SLURM_POLL_S = 0.5, 30.0
 RESEND_S = 5.0  # while a sweep stops, each running job is asked again this often
 
@@ -88,8 +88,9 @@ class Spec:
     extra: dict = field(default_factory=dict)
 
 
-def compose(overrides: list[str]) -> dict:
-    """The resolved training config for these overrides, as train.py would build it."""
+def compose(overrides: list[str], here: bool = True) -> dict:
+    """The resolved training config for these overrides, as train.py would build it (checked
+    against this machine's devices unless `here` is False: runs that train elsewhere)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
@@ -107,7 +108,7 @@ def compose(overrides: list[str]) -> dict:
     except (HydraException, OmegaConfBaseException) as e:
         first = str(e).strip().splitlines()[0]
         raise BnlabError(f"the overrides {' '.join(overrides)} do not compose: {first}") from e
-    validate(cfg)
+    validate(cfg, here)
     return cfg
 
 
@@ -116,22 +117,24 @@ def data_overrides(data: str | None) -> list[str]:
     return [f"data.root={Path(data).resolve()}", "data.download=false"] if data else []
 
 
-def load_spec(path: Path, data: str | None = None) -> Spec:
+def load_spec(path: Path, data: str | None = None, here: bool = True) -> Spec:
     path = Path(path)
     if not path.is_file():
         raise BnlabError(f"no sweep spec at {path}; give experiments/<name>/sweep.yaml.")
-    return spec_from(yaml.safe_load(path.read_text()), path, data)
+    return spec_from(yaml.safe_load(path.read_text()), path, data, here=here)
 
 
-def spec_from(raw: dict, path: Path, data: str | None = None, name: str | None = None) -> Spec:
-    """A spec from its parsed YAML; its name is `name`, else the folder of `path`."""
+def spec_from(raw: dict, path: Path, data: str | None = None, name: str | None = None,
+              here: bool = True) -> Spec:
+    """A spec from its parsed YAML; its name is `name`, else the folder of `path`. `here`:
+    its runs train on this machine (False: on SLURM's)."""
     exp, seeds = raw["experiment"], raw.get("seeds", [0, 1, 2])
     cells = []
     for c in raw["cells"]:
         ov = [f"experiment={exp}", *c.get("overrides", [])]
         meta = {k: v for k, v in c.items() if k not in ("label", "overrides", "seeds")}
         cell = Cell(c["label"], ov, c.get("seeds", seeds), meta=meta)
-        cell.cfg = compose(ov + data_overrides(data))
+        cell.cfg = compose(ov + data_overrides(data), here)
         cells.append(cell)
     extra = {k: v for k, v in raw.items() if k not in ("title", "experiment", "seeds", "cells")}
     name = name or path.parent.name
@@ -265,13 +268,16 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
     if launcher == "slurm":  # every run's layout, before anything is moved or submitted
         for n in sorted({c.cfg["dist"]["nproc_per_node"] for s in specs for c in s.cells}):
             (slurm or Slurm()).layout(n)
-    todo = []
+    todo, on_slurm = [], []
+    states = slurm_states([d for _, _, d in plan(specs, tag, root)
+                           if read_status(d) not in FINAL]) if launcher == "slurm" else {}
     for cell, seed, d in plan(specs, tag, root):
         status = read_status(d)
         if status in FINAL:
             continue
-        if launcher == "slurm" and (queued := slurm_job_alive(d)):
-            print(f"left alone, still {queued} on SLURM: {d}")
+        if d in states:  # submitted before and still there: followed, never submitted twice
+            print(f"still {states[d]} on SLURM, not submitted again: {d}")
+            on_slurm.append((cell, seed, d))
             continue
         if d.exists() and not resumable(d):
             print(f"set aside unfinished run: {set_aside(d)}")
@@ -283,14 +289,15 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
     total = len(plan(specs, tag, root))
     where = f"{jobs} job(s) in parallel" if launcher == "local" else \
         f"SLURM, at most {jobs} at a time"
-    print(f"{name}: {total - len(todo)} of {total} runs already done under "
-          f"{root / tag}; running {len(todo)} with {where}")
+    left = f", {len(on_slurm)} still on SLURM" if on_slurm else ""
+    print(f"{name}: {total - len(todo) - len(on_slurm)} of {total} runs already done under "
+          f"{root / tag}{left}; running {len(todo)} with {where}")
     threads = max(1, (os.cpu_count() or 1) // jobs) if launcher == "local" else \
         (slurm or Slurm()).cpus_per_task or 1
     runs = [train_job(c, s, d, data, threads, jobs, extra or []) for c, s, d in todo]
     if launcher == "slurm":
         return submit_slurm(todo, runs, submit_folder(root, tag), jobs, threads,
-                            slurm or Slurm(), wait)
+                            slurm or Slurm(), wait, on_slurm)
     counts: dict[str, int] = {}
     queue = list(zip(todo, runs, strict=True))
     running: dict = {}
@@ -360,25 +367,57 @@ def needs(cell: Cell, gpus: int) -> int:
     return cell.cfg["dist"]["nproc_per_node"] if gpus else 0
 
 
-def slurm_job_alive(d: Path) -> str | None:
-    """The state of the SLURM job this run was last submitted as, if it is still queued or
-    running there (so the sweep does not submit it twice); else None."""
-    f = d / JOB_RECORD
-    if not f.is_file():
-        return None
-    rec = json.loads(f.read_text())
+def slurm_states(dirs: list[Path]) -> dict[Path, str]:
+    """The runs among `dirs` whose last SLURM job (job.json) is still queued or running there,
+    with its state: one sacct call for them all; squeue for those sacct does not know (a
+    cluster without accounting). A job whose first task has reported has ended."""
+    recs = {d: json.loads((d / JOB_RECORD).read_text()) for d in dirs
+            if (d / JOB_RECORD).is_file()}
+    if not recs:
+        return {}
     from submitit import SlurmJob
 
-    state = SlurmJob(rec["folder"], rec["job_id"]).state
-    return state if state in SLURM_ALIVE else None
+    jobs = {d: SlurmJob(r["folder"], r["job_id"]) for d, r in recs.items()}
+    SlurmJob.watcher.update()
+    states, unknown = {}, []
+    for d, job in jobs.items():
+        if job.paths.result_pickle.exists():
+            continue
+        state = (SlurmJob.watcher.get_state(job.job_id, mode="cache").split() or ["UNKNOWN"])[0]
+        if state == "UNKNOWN":
+            unknown.append(d)
+        elif state in SLURM_ALIVE:
+            states[d] = state
+    if unknown:
+        queued = squeue({jobs[d].job_id.split("_")[0] for d in unknown})
+        for d in unknown:  # squeue could not be asked: still there, never submitted twice
+            if queued is None or jobs[d].job_id in queued:
+                states[d] = "UNKNOWN" if queued is None else queued[jobs[d].job_id]
+    return states
+
+
+def squeue(ids: set[str]) -> dict[str, str] | None:
+    """Job id -> state of the jobs among `ids` (array tasks one by one) that SLURM's queue
+    holds; None where squeue cannot be asked."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-r", "-o", "%i %T", "-j", ",".join(sorted(ids))],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0 and "Invalid job id" not in out.stderr:
+        return None
+    return dict(line.split()[:2] for line in out.stdout.splitlines() if len(line.split()) >= 2)
 
 
 def submit_slurm(todo, runs: list[TrainJob], folder: Path, jobs: int, threads: int,
-                 slurm: Slurm, wait: bool) -> dict[str, int]:
+                 slurm: Slurm, wait: bool, on_slurm=()) -> dict[str, int]:
     """Submit the runs as SLURM job arrays, one per number of ranks (each at most `jobs` at a
     time; submitit's logs under `folder`), and record each run's job id in its directory;
-    with `wait`, follow them until they end."""
-    if not runs:
+    with `wait`, follow them, and the runs `on_slurm` (submitted by an earlier command, still
+    queued or running), until they end."""
+    from submitit import SlurmJob
+
+    if not runs and not on_slurm:
         return {}
     ranks = {c.cfg["dist"]["nproc_per_node"] for c, _, _ in todo}
     counts: dict[str, int] = {}
@@ -397,20 +436,27 @@ def submit_slurm(todo, runs: list[TrainJob], folder: Path, jobs: int, threads: i
             print(f"  submitted {cell.label} seed {seed} as SLURM job {job.job_id}  {d}")
             submitted.append((job, cell, seed, d))
     if not wait:
-        return {"submitted": len(submitted)}
+        return {k: v for k, v in (("submitted", len(submitted)), ("on SLURM", len(on_slurm)))
+                if v}
+    followed = []
+    for cell, seed, d in on_slurm:
+        rec = json.loads((d / JOB_RECORD).read_text())
+        followed.append((SlurmJob(rec["folder"], rec["job_id"]), cell, seed, d))
     with Stop() as stop:
-        live = list(submitted)
+        live = submitted + followed
         while live and not stop.asked:
             for item in [x for x in live if x[0].done()]:
                 live.remove(item)
                 status, _ = job_result(item[0], item[3])
                 counts[status] = counts.get(status, 0) + 1
                 print(f"  {status:9s} {item[1].label} seed {item[2]}  {item[3]}")
-            time.sleep(SLURM_POLL_S)
+            until = time.monotonic() + SLURM_POLL_S
+            while not stop.asked and time.monotonic() < until:
+                time.sleep(POLL_S)
         if stop.asked:  # queued jobs go first (none starts meanwhile), then running ones
             ids = [job.job_id for job, *_ in live]  # checkpoint (SIGTERM reaches train.py)
-            subprocess.run(["scancel", "--state=PENDING", *ids])
-            subprocess.run(["scancel", "--signal=TERM", "--state=RUNNING", *ids])
+            for how in (["--state=PENDING"], ["--signal=TERM", "--state=RUNNING"]):
+                subprocess.run(["scancel", *how, *ids], capture_output=True)  # gone: fine
             counts["preempted"] = len(live)
     return counts
 
@@ -418,9 +464,11 @@ def submit_slurm(todo, runs: list[TrainJob], folder: Path, jobs: int, threads: i
 def outcome(counts: dict[str, int], minutes: float) -> int:
     """Print how the sweep ended; its exit status: PREEMPTED when a signal stopped it (the
     same command resumes), 1 when a run failed, else 0."""
-    if counts.get("submitted"):
-        print(f"submitted {counts['submitted']} run(s) to SLURM in {minutes:.1f} min: the same "
-              "command follows them without --no-wait, and skips those still queued or running.")
+    if counts.get("submitted") or counts.get("on SLURM"):
+        on = counts.get("on SLURM", 0)
+        print(f"submitted {counts.get('submitted', 0)} run(s) to SLURM in {minutes:.1f} min"
+              + (f"; {on} submitted earlier are still there" if on else "") + ": the same "
+              "command without --no-wait follows them to the end (it submits none twice).")
         return 0
     print(("finished: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
            if counts else "nothing to run") + f" in {minutes:.1f} min")
@@ -505,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.jobs < 1:
             raise BnlabError(f"--jobs={a.jobs} must be at least 1.")
         kw = launcher_kwargs(a)  # a wrong option fails before any spec is composed
-        specs = [load_spec(s, a.data) for s in a.specs]
+        specs = [load_spec(s, a.data, here=kw["launcher"] == "local") for s in a.specs]
         if a.dry_run:
             tag = data_tag(specs[0].cells[0].cfg)
             for cell, seed, d in plan(specs, tag, a.runs):

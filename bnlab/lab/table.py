@@ -127,6 +127,7 @@ class Context:
     runs: Path = RUNS                # the run directories, by data tag
     tag: str | None = None           # the data tag; default: the only one under `runs`
     data: str | None = None          # --data: CIFAR-10 read from here, never downloaded
+    here: bool = True                # its runs train on this machine (False: on SLURM)
     _spec: Spec | None = field(default=None, repr=False)
 
     @property
@@ -139,7 +140,7 @@ class Context:
 
     def spec(self) -> Spec:
         if self._spec is None:
-            self._spec = load_spec(self.table.spec_path, self.data)
+            self._spec = load_spec(self.table.spec_path, self.data, here=self.here)
         return self._spec
 
     def run_tag(self) -> str:
@@ -446,13 +447,14 @@ def main(registry: dict[str, Table], argv: list[str] | None = None) -> int:
             raise BnlabError(f"--jobs={a.jobs} must be at least 1.")
         kw = launcher_kwargs(a)
         t0, train_s = time.perf_counter(), 0.0
-        ctxs = [Context(t, a.experiments, a.runs, a.tag, a.data) for t in tables]
+        here = kw["launcher"] == "local"
+        ctxs = [Context(t, a.experiments, a.runs, a.tag, a.data, here) for t in tables]
         trained = [c for c in ctxs if c.table.trains]
         if not a.report and trained:  # every table's sweep in one pool: shared cells run once
             specs = [c.spec() for c in trained]
             counts = sweep(specs, a.data, a.jobs, root=a.runs, **kw)
             rc = outcome(counts, (time.perf_counter() - t0) / 60)
-            if counts.get("submitted"):  # on SLURM, not finished: the tables wait for them
+            if counts.get("submitted") or counts.get("on SLURM"):  # the tables wait for them
                 return rc
             if rc:
                 return rc

@@ -201,6 +201,7 @@ def test_in_a_slurm_job_of_several_tasks_only_the_first_writes_the_runs_records(
     d = tmp_path / "cell" / "seed0"
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
     monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")  # srun sets it in each task of a step
     for rank in ("1", "0"):
         monkeypatch.setenv("SLURM_PROCID", rank)
         job = TrainJob([sys.executable, "-c", f"print('rank {rank}')"], str(d), str(ROOT),
@@ -266,15 +267,19 @@ echo "Submitted batch job 4242"
 """
 
 
-def fake_slurm(tmp_path: Path, monkeypatch, sacct_state: str = "RUNNING") -> Path:
-    """srun, sbatch and sacct stand-ins on PATH: sbatch keeps each script it is given."""
+def fake_slurm(tmp_path: Path, monkeypatch, sacct_state: str | None = "RUNNING",
+               squeue: str = "") -> Path:
+    """srun, sbatch, sacct and squeue stand-ins on PATH: sbatch keeps each script it is
+    given; sacct knows both jobs of the array in `sacct_state` (None: nothing, as without
+    accounting) and squeue prints `squeue`."""
     bin_, out = tmp_path / "bin", tmp_path / "sbatch"
     bin_.mkdir()
     out.mkdir()
+    known = f"echo '4242_[0-1]|{sacct_state}|node1'\n" if sacct_state else ""
     scripts = {"srun": "#!/bin/bash\nexit 0\n", "sbatch": FAKE_SBATCH.format(out=out),
                "scancel": f"#!/bin/bash\necho \"$*\" >> {tmp_path}/scancel.log\n",
-               "sacct": f"#!/bin/bash\necho 'JobID|State|NodeList'\n"
-                        f"echo '4242_[0-1]|{sacct_state}|node1'\n"}
+               "sacct": f"#!/bin/bash\necho 'JobID|State|NodeList'\n{known}",
+               "squeue": f"#!/bin/bash\nprintf '{squeue}'\n"}
     for name, text in scripts.items():
         (bin_ / name).write_text(text)
         (bin_ / name).chmod(0o755)
@@ -297,7 +302,7 @@ def test_slurm_submits_one_array_with_the_asked_resources(tmp_path, monkeypatch)
                  "#SBATCH --job-name=bnlab", "source .venv/bin/activate"):
         assert line in script.splitlines(), line
     (run,) = [line for line in script.splitlines() if line.startswith("srun ")]
-    assert "-m submitit.core._submit" in run
+    assert "-m submitit.core._submit" in run and "--cpus-per-task 1" in run
     for i, (_, seed, d) in enumerate(plan(spec, "synthetic-64", root)):
         rec = json.loads((d / "job.json").read_text())
         assert rec["job_id"] == f"4242_{i}"
@@ -308,8 +313,48 @@ def test_slurm_submits_one_array_with_the_asked_resources(tmp_path, monkeypatch)
         assert "dist.threads=1" in job.cmd and "resume=auto" in job.cmd
     # The same command again: both are still queued or running there, so nothing is resubmitted.
     assert sweep([spec], None, jobs=2, root=root, launcher="slurm", slurm=slurm,
-                 wait=False) == {}
+                 wait=False) == {"on SLURM": 2}
     assert len(list(out.iterdir())) == 1
+
+
+def test_a_second_command_follows_runs_still_on_slurm_to_their_end(tmp_path, monkeypatch):
+    """Submitted by a first command (--no-wait), still running: the second submits nothing,
+    waits for them, and reports how they ended (the tables are written only then)."""
+    from submitit.core.utils import cloudpickle_dump
+
+    import bnlab.lab.sweep as sweep_module
+
+    out = fake_slurm(tmp_path, monkeypatch)
+    monkeypatch.setattr(sweep_module, "SLURM_POLL_S", 0.1)
+    spec, root = tiny_spec(tmp_path), tmp_path / "runs"
+    assert sweep([spec], None, jobs=2, root=root, launcher="slurm", wait=False) == \
+        {"submitted": 2}
+    dirs = [d for _, _, d in plan(spec, "synthetic-64", root)]
+
+    def finish():  # what the jobs' first tasks leave when their runs complete
+        for d in dirs:
+            set_status(d, "completed")
+            rec = json.loads((d / "job.json").read_text())
+            cloudpickle_dump(("success", {"status": "completed", "wall_s": 5.0}),
+                        Path(rec["folder"]) / f"{rec['job_id']}_0_result.pkl")
+
+    threading.Timer(1.0, finish).start()
+    assert sweep([spec], None, jobs=2, root=root, launcher="slurm") == {"completed": 2}
+    assert len(list(out.iterdir())) == 1  # one sbatch: nothing was submitted twice
+
+
+@pytest.mark.parametrize(("queue", "resubmitted"), [("4242_0 RUNNING\\n", 1), ("", 2)])
+def test_a_job_sacct_does_not_know_is_asked_of_squeue(tmp_path, monkeypatch, queue,
+                                                      resubmitted):
+    """Without accounting (sacct knows no job) a run's last job counts as still there only
+    if squeue lists it; one gone from both is submitted again."""
+    out = fake_slurm(tmp_path, monkeypatch, sacct_state=None, squeue=queue)
+    spec, root = tiny_spec(tmp_path), tmp_path / "runs"
+    sweep([spec], None, jobs=2, root=root, launcher="slurm", wait=False)
+    counts = sweep([spec], None, jobs=2, root=root, launcher="slurm", wait=False)
+    assert counts.get("submitted") == resubmitted
+    assert counts.get("on SLURM", 0) == 2 - resubmitted
+    assert len(list(out.iterdir())) == 2
 
 
 def test_a_stopped_slurm_sweep_cancels_queued_jobs_then_asks_running_ones_to_checkpoint(
