@@ -3,7 +3,7 @@
 `${run_stamp:}` replaces `${now:}` in run-directory names. Under torchrun every rank composes
 its own config, and `${now:}` resolves per process, so ranks that start a second apart would
 create one directory each, and so would the agents of a multi-node run. The stamp is instead
-the run's own: the SLURM job's id, else the one rank 0 leaves in the rendezvous store that
+the run's own: the SLURM job step's, else the one rank 0 leaves in the rendezvous store that
 every torchrun agent of the run shares (the start time of rank 0's agent), else the start
 time of the local agent.
 """

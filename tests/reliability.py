@@ -125,6 +125,24 @@ FAULTS = [
      "_to_checkpoint",
      "queued jobs are cancelled first, so none starts meanwhile; running ones get SIGTERM "
      "(`scancel --signal=TERM`) and checkpoint; the same command resubmits and resumes them"),
+    ("the same SLURM sweep command again while its jobs are still queued or running",
+     "lab/test_sweep.py::test_a_second_command_follows_runs_still_on_slurm_to_their_end",
+     "nothing is submitted twice: the runs whose job sacct (or, on a cluster without "
+     "accounting, squeue) still lists are followed to their end, and only then are the tables "
+     "written; with --no-wait the command submits what is left and returns"),
+    ("a SLURM job that sacct does not know (accounting off, or purged)",
+     "lab/test_sweep.py::test_a_job_sacct_does_not_know_is_asked_of_squeue",
+     "squeue is asked: a job it lists is followed, one it does not is gone and its run is "
+     "submitted again (resuming from its checkpoint)"),
+    ("`python train.py` in the batch script of a SLURM job of several tasks",
+     "test_dist.py::test_slurm_tasks_become_ranks_and_share_one_run_directory",
+     "one process, not rank 0 of the job's tasks (only an srun step's tasks become ranks); "
+     "the run directory is named after the job, or after the step in an srun step"),
+    ("a job on a real SLURM cluster reaches its time limit (make test-slurm)",
+     "lab/test_slurm.py::test_a_job_warned_of_its_time_limit_checkpoints_is_requeued_and_resumes",
+     "SLURM's SIGUSR2 reaches the job 60 to 90 s before the limit; the run checkpoints, "
+     "submitit requeues the job (as often as it takes, at most 3 times) and it resumes the run "
+     "to the end"),
     ("SIGUSR2 to a sweep's job (SLURM's warning before a time limit)",
      "lab/test_sweep.py::test_a_preempted_local_job_checkpoints_is_requeued_and_resumes",
      "the run checkpoints, submitit requeues the job (its `checkpoint` hook), and the job "

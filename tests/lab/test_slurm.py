@@ -93,14 +93,15 @@ def test_a_simulated_and_a_two_task_ddp_run_complete_and_a_second_command_submit
 
 def test_a_job_warned_of_its_time_limit_checkpoints_is_requeued_and_resumes(where):
     """A 2-minute limit with the warning 60 s ahead (SLURM sends SIGUSR2 between about 60 and
-    90 s before the end): a 2-rank run of about 100 s of training cannot finish in the first
-    launch; its job is requeued (as often as it takes) and resumes it."""
-    spec = load_spec(spec_file(where, {"ddp2": DDP2}, 8000), here=False)
+    90 s before the end): a 2-rank run of 750 steps (about 75 s of training at the 10 steps/s
+    of one CPU core per rank) cannot finish in the first launch; its job is requeued (as often
+    as it takes: submitit allows 3 timeouts) and resumes it."""
+    spec = load_spec(spec_file(where, {"ddp2": DDP2}, 6000), here=False)
     runs = where / "runs"
     counts = sweep([spec], None, jobs=1, root=runs, launcher="slurm",
                    slurm=slurm(time_min=2, signal_delay_s=60))
     assert counts == {"completed": 1}
-    (d,) = [d for _, _, d in plan(spec, "synthetic-8000", runs)]
+    (d,) = [d for _, _, d in plan(spec, "synthetic-6000", runs)]
     rec = record(d, "sweep.json")
     assert rec["launches"] >= 2 and rec["rc"] == 0
     resumed = record(d, "run.json")["resumed"]

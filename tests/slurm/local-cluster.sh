@@ -3,7 +3,8 @@
 # Debian's slurmctld, slurmd and slurmdbd (accounting, which sacct and submitit read) on a
 # MariaDB server, with munge. Run as root on a Debian machine with nothing else of SLURM;
 # it installs the packages, writes /etc/slurm and starts the daemons (again: it restarts
-# them). The node has this machine's cores and the partition is named `debug`.
+# them). The node has this machine's cores and the partition is named `debug`; a requeued
+# job starts again after 30 s (cred_expire; SLURM's default is 120 s).
 #
 #   sudo tests/slurm/local-cluster.sh && make test-slurm
 set -euo pipefail
@@ -29,7 +30,8 @@ if ! mysqladmin ping >/dev/null 2>&1; then
     for _ in $(seq 30); do mysqladmin ping >/dev/null 2>&1 && break; sleep 1; done
 fi
 mysql -e "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
-  CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'bnlab-slurm';
+  CREATE USER IF NOT EXISTS 'slurm'@'localhost';
+  ALTER USER 'slurm'@'localhost' IDENTIFIED BY 'bnlab-slurm';
   GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;"
 
 cat >/etc/slurm/slurmdbd.conf <<CONF
@@ -49,6 +51,7 @@ cat >/etc/slurm/slurm.conf <<CONF
 ClusterName=local
 SlurmctldHost=$host
 AuthType=auth/munge
+AuthInfo=cred_expire=30
 SlurmUser=slurm
 StateSaveLocation=/var/spool/slurmctld
 SlurmdSpoolDir=/var/spool/slurmd
@@ -77,4 +80,6 @@ sacctmgr -i add cluster local >/dev/null 2>&1 || true
 slurmctld
 slurmd
 for _ in $(seq 30); do sinfo -h -o %T 2>/dev/null | grep -q idle && break; sleep 1; done
+sinfo -h -o %T | grep -q idle || { echo "local-cluster.sh: the node is not idle; see /var/log/slurm/slurmd.log and slurmctld.log." >&2; exit 1; }
+sacct -n -X -S now >/dev/null || { echo "local-cluster.sh: sacct cannot reach slurmdbd; see /var/log/slurm/slurmdbd.log." >&2; exit 1; }
 sinfo
