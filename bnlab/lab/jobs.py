@@ -133,7 +133,8 @@ class TrainJob:
         self._forward(signal.SIGTERM, None)
         self._record(self._wait(), time.perf_counter() - self._t0)
         # SLURM may have signalled the run itself too, and it may have stopped first: whether
-        # it still has work is its status, not whether it had exited before this.
+        # it still has work is its status, not whether it had exited before this. A run that
+        # failed is requeued too: it resumes from its last checkpoint, as the sweep would.
         if read_status(Path(self.run_dir)) in FINAL:
             return None
         self._proc = None

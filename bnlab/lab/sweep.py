@@ -53,9 +53,9 @@ SUBMITIT = ".submitit"  # submitit's folder of job pickles and logs, under runs/
 JOB_RECORD = "job.json"  # the SLURM job a run was last submitted as
 # SLURM states of a job that is (or may be) still queued or running: never submitted again,
 # followed instead. A job neither sacct nor squeue knows (accounting off or purged) is gone.
+# (PREEMPTED is final: a job SLURM requeues after preempting it shows PENDING or REQUEUED.)
 SLURM_ALIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING",
-               "COMPLETING", "RESIZING", "SUSPENDED", "PREEMPTED", "STOPPED", "SIGNALING",
-               "STAGE_OUT")
+               "COMPLETING", "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT")
 POLL_S, SLURM_POLL_S = 0.5, 30.0
 RESEND_S = 5.0  # while a sweep stops, each running job is asked again this often
 
@@ -238,14 +238,18 @@ class Stop(StopRequest):
 def job_result(job, d: Path, stopping: bool = False) -> tuple[str, float]:
     """How a finished job's run ended: the report of the job's first task (rank 0), else the
     run's status.json. A job stopped by the sweep before its run began is `not started`."""
-    try:
-        res = job.task(0).result()
-        return res["status"], res["wall_s"]
-    except Exception:  # the job died without a report (killed, out of memory, stopped early)
-        status = read_status(d)
-        if stopping and status is None and not resumable(d):
-            return "not started", 0.0
-        return ("failed" if status in (None, "running") else status), 0.0
+    try:  # result() would wait for a report that never comes (a job SLURM dropped unseen)
+        first = job.task(0)
+        if first.paths.result_pickle.exists():
+            res = first.result()
+            return res["status"], res["wall_s"]
+    except Exception:  # a report that is an error: read the run's own status
+        pass
+    # No report: the job died (killed, out of memory, node lost, stopped early).
+    status = read_status(d)
+    if stopping and status is None and not resumable(d):
+        return "not started", 0.0
+    return ("failed" if status in (None, "running") else status), 0.0
 
 
 def submit_folder(root: Path, tag: str) -> Path:
@@ -371,28 +375,31 @@ def slurm_states(dirs: list[Path]) -> dict[Path, str]:
     """The runs among `dirs` whose last SLURM job (job.json) is still queued or running there,
     with its state: one sacct call for them all; squeue for those sacct does not know (a
     cluster without accounting). A job whose first task has reported has ended."""
+    from submitit.core.utils import JobPaths
+    from submitit.slurm.slurm import SlurmInfoWatcher
+
     recs = {d: json.loads((d / JOB_RECORD).read_text()) for d in dirs
             if (d / JOB_RECORD).is_file()}
+    recs = {d: r for d, r in recs.items()
+            if not JobPaths(r["folder"], r["job_id"], task_id=0).result_pickle.exists()}
     if not recs:
         return {}
-    from submitit import SlurmJob
-
-    jobs = {d: SlurmJob(r["folder"], r["job_id"]) for d, r in recs.items()}
-    SlurmJob.watcher.update()
+    watcher = SlurmInfoWatcher()  # a new one: submitit's shared one keeps states sacct dropped
+    for r in recs.values():
+        watcher.register_job(r["job_id"])
+    watcher.update()
     states, unknown = {}, []
-    for d, job in jobs.items():
-        if job.paths.result_pickle.exists():
-            continue
-        state = (SlurmJob.watcher.get_state(job.job_id, mode="cache").split() or ["UNKNOWN"])[0]
+    for d, r in recs.items():
+        state = (watcher.get_state(r["job_id"], mode="cache").split() or ["UNKNOWN"])[0]
         if state == "UNKNOWN":
             unknown.append(d)
         elif state in SLURM_ALIVE:
             states[d] = state
     if unknown:
-        queued = squeue({jobs[d].job_id.split("_")[0] for d in unknown})
+        queued = squeue({recs[d]["job_id"].split("_")[0] for d in unknown})
         for d in unknown:  # squeue could not be asked: still there, never submitted twice
-            if queued is None or jobs[d].job_id in queued:
-                states[d] = "UNKNOWN" if queued is None else queued[jobs[d].job_id]
+            if queued is None or recs[d]["job_id"] in queued:
+                states[d] = "UNKNOWN" if queued is None else queued[recs[d]["job_id"]]
     return states
 
 
@@ -445,7 +452,10 @@ def submit_slurm(todo, runs: list[TrainJob], folder: Path, jobs: int, threads: i
     with Stop() as stop:
         live = submitted + followed
         while live and not stop.asked:
-            for item in [x for x in live if x[0].done()]:
+            # Ended: its first task reported, or SLURM no longer holds it (killed, node lost,
+            # out of requeues; asked of squeue too where sacct keeps no accounts).
+            there = slurm_states([x[3] for x in live])
+            for item in [x for x in live if x[0].done() or x[3] not in there]:
                 live.remove(item)
                 status, _ = job_result(item[0], item[3])
                 counts[status] = counts.get(status, 0) + 1

@@ -34,10 +34,15 @@ def slurm_reachable() -> bool:
         return False
 
 
-pytestmark = [pytest.mark.slurm,
-              pytest.mark.skipif(not slurm_reachable(),
-                                 reason="no SLURM cluster answers sinfo and sacct here "
-                                        "(tests/slurm/local-cluster.sh starts one)")]
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture(autouse=True, scope="module")
+def cluster():
+    """Asked once, and only when these tests run (not where `-m 'not slurm'` leaves them out)."""
+    if not slurm_reachable():
+        pytest.skip("no SLURM cluster answers sinfo and sacct here "
+                    "(tests/slurm/local-cluster.sh starts one)")
 
 CELL = ("model=resnet20, data=synthetic, data.num_train={n}, data.train_limit=0, "
         "data.num_val=64, data.val_limit=0, epochs=1, batch_per_gpu=4, eval_every=1, "

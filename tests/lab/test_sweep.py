@@ -357,6 +357,20 @@ def test_a_job_sacct_does_not_know_is_asked_of_squeue(tmp_path, monkeypatch, que
     assert len(list(out.iterdir())) == 2
 
 
+def test_a_job_slurm_dropped_without_a_report_ends_the_wait(tmp_path, monkeypatch):
+    """Killed before its first task could report, on a cluster without accounting: neither
+    sacct nor squeue knows it any more, so the sweep stops waiting and reads the run."""
+    import bnlab.lab.sweep as sweep_module
+
+    fake_slurm(tmp_path, monkeypatch, sacct_state=None, squeue="")
+    monkeypatch.setattr(sweep_module, "SLURM_POLL_S", 0.1)
+    spec = tiny_spec(tmp_path)
+    t0 = time.monotonic()
+    assert sweep([spec], None, jobs=2, root=tmp_path / "runs", launcher="slurm") == \
+        {"failed": 2}
+    assert time.monotonic() - t0 < 60
+
+
 def test_a_stopped_slurm_sweep_cancels_queued_jobs_then_asks_running_ones_to_checkpoint(
         tmp_path, monkeypatch):
     """Queued first, so none starts in between; running ones get SIGTERM (their runs
