@@ -35,7 +35,7 @@ test-gpu: install ## on a CUDA machine: the cuda tests, then the GPU benchmark s
 	$(PY) benchmarks/bench.py --only gpu
 	$(PY) benchmarks/perfdoc.py
 
-test-slurm: install ## on a SLURM cluster: sweeps submitted for real (tests/slurm/local-cluster.sh starts one; ~6 min)
+test-slurm: install ## on a SLURM cluster: sweeps submitted for real (tests/slurm/local-cluster.sh [--two-nodes] starts one; ~10 min)
 	$(PY) -m pytest -q -m slurm -rs
 
 test-slow: install ## run only the slow tests

@@ -55,10 +55,27 @@ def adopt_slurm_env(env: dict | None = None) -> bool:
     env["WORLD_SIZE"] = str(ntasks)
     env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
     env["LOCAL_WORLD_SIZE"] = str(ntasks // nodes)
-    env.setdefault("MASTER_ADDR", env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
-                   if nodes > 1 else "127.0.0.1")
+    # Rank 0 runs on the step's first node (not where srun ran: a login node, for one)
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
+    env.setdefault("MASTER_ADDR", first_host(nodelist) if nodes > 1 and nodelist else
+                   "127.0.0.1")
     env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
     return True
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: `gpu[003-008,012],cpu1` -> `gpu003`."""
+    head, depth = "", 0
+    for ch in nodelist:  # the first entry: up to the first comma outside brackets
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            break
+        head += ch
+    if "[" not in head:
+        return head
+    prefix, rest = head.split("[", 1)
+    ranges, suffix = rest.split("]", 1)
+    return prefix + ranges.split(",")[0].split("-")[0] + first_host(suffix)
 
 
 def under_torchrun() -> bool:

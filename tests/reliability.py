@@ -138,6 +138,10 @@ FAULTS = [
      "test_dist.py::test_slurm_tasks_become_ranks_and_share_one_run_directory",
      "one process, not rank 0 of the job's tasks (only an srun step's tasks become ranks); "
      "the run directory is named after the job, or after the step in an srun step"),
+    ("`srun -N2 -n2 python train.py` from a machine that runs no rank (a login node)",
+     "lab/test_slurm.py::test_a_run_over_two_nodes_has_one_directory_wherever_srun_starts_it",
+     "rank 0's address is the step's first node (SLURM_STEP_NODELIST), not the address srun "
+     "ran from, so the ranks meet; one run directory, `slurm-<job>.0`, on either node"),
     ("a job on a real SLURM cluster reaches its time limit (make test-slurm)",
      "lab/test_slurm.py::test_a_job_warned_of_its_time_limit_checkpoints_is_requeued_and_resumes",
      "SLURM's SIGUSR2 reaches the job 60 to 90 s before the limit; the run checkpoints, "

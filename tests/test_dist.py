@@ -108,12 +108,16 @@ def test_slurm_tasks_become_ranks_and_share_one_run_directory(monkeypatch):
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == \
         ("2", "4", "2", "4")
     assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == str(20000 + 12345)
+    # Two nodes, the step started by srun on a login node (10.0.0.7): rank 0 is on gpu003.
     two_nodes = {"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "3", "SLURM_LOCALID": "1",
                  "SLURM_STEP_NUM_NODES": "2", "SLURM_JOB_ID": "5",
-                 "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.7"}
+                 "SLURM_STEP_NODELIST": "gpu[003-004]", "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.7"}
     assert dist.adopt_slurm_env(two_nodes) is True
     assert (two_nodes["RANK"], two_nodes["LOCAL_WORLD_SIZE"], two_nodes["MASTER_ADDR"]) == \
-        ("3", "2", "10.0.0.7")
+        ("3", "2", "gpu003")
+    for nodelist, first in [("n1", "n1"), ("n1,n2", "n1"), ("gpu[003-008,012],cpu1", "gpu003"),
+                            ("rack[1-2]-node[07-09]", "rack1-node07"), ("a[5,2]", "a5")]:
+        assert dist.first_host(nodelist) == first, nodelist
     assert dist.adopt_slurm_env({"SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "0"}) is False
     # The batch script of a job with 4 tasks (what SLURM 22.05 gives it: no step variables) is
     # one process, not rank 0 of 4 that would wait for 3 ranks that never come.

@@ -1,6 +1,7 @@
 """Sweeps on a real SLURM cluster (`make test-slurm`; the `slurm` marker, left out of `make
 test`): skipped where `sinfo` and `sacct` cannot reach one. `tests/slurm/local-cluster.sh`
-starts a one-node cluster on a Debian machine.
+starts a one-node cluster on a Debian machine (`--two-nodes`: two, for the test that needs
+two nodes, which is skipped where fewer are idle).
 
 The runs go under `outputs/test-slurm/` in the repository (every node must see them; set
 BNLAB_SLURM_TEST_DIR for another shared folder) and train on generated data on the CPU;
@@ -24,6 +25,7 @@ from bnlab.lab.jobs import Slurm
 from bnlab.lab.sweep import load_spec, plan, sweep
 from bnlab.paths import ROOT
 from bnlab.rundir import read_status
+from conftest import run_dirs
 
 
 def slurm_reachable() -> bool:
@@ -142,3 +144,37 @@ def test_a_stopped_sweep_checkpoints_its_running_job_and_the_same_command_resume
     assert read_status(d) == "completed"
     assert record(d, "run.json")["resumed"][0]["from_step"] > 0
     assert record(d, "sweep.json")["launches"] == 2
+
+
+def test_a_run_over_two_nodes_has_one_directory_wherever_srun_starts_it(where):
+    """One rank per node: as a sweep's job (srun in the job's batch script, on the first
+    node) and as `srun -N2 -n2 python train.py` from this machine, which runs no rank (rank 0
+    is found on the step's first node, not where srun ran)."""
+    idle = subprocess.run(["sinfo", "-h", "-t", "idle", "-o", "%D"], capture_output=True,
+                          text=True).stdout.split()
+    if sum(int(n) for n in idle) < 2:
+        pytest.skip("fewer than 2 idle SLURM nodes (tests/slurm/local-cluster.sh --two-nodes)")
+    spec = load_spec(spec_file(where, {"ddp2": DDP2}, 256), here=False)
+    runs = where / "runs"
+    assert sweep([spec], None, jobs=1, root=runs, launcher="slurm", slurm=slurm(nodes=2)) == \
+        {"completed": 1}
+    (d,) = [d for _, _, d in plan(spec, "synthetic-256", runs)]
+    job = record(d, "job.json")["job_id"]
+    nodes = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "NNodes", "-j", job],
+                           capture_output=True, text=True).stdout.split()
+    assert nodes == ["2"]
+    assert (record(d, "run.json")["launcher"], record(d, "run.json")["world"]) == ("slurm", 2)
+
+    out = where / "srun"
+    part = os.environ.get("BNLAB_SLURM_PARTITION")
+    cmd = ["srun", "-N2", "-n2", *(["-p", part] if part else []), sys.executable,
+           str(ROOT / "train.py"), *[o.strip() for o in f"{CELL.format(n=256)}, {DDP2}"
+                                     .split(",")],
+           "experiment=demo", f"output_dir={out}", "progress=false", "dist.timeout_s=120"]
+    r = subprocess.run(cmd, cwd=where, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    (run,) = run_dirs(out)  # every task, on either node, wrote into one directory
+    assert run.name.startswith("slurm-") and run.name.endswith(".0")
+    assert read_status(run) == "completed"
+    assert (record(run, "run.json")["launcher"], record(run, "run.json")["world"]) == \
+        ("slurm", 2)
