@@ -273,10 +273,10 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
         for n in sorted({c.cfg["dist"]["nproc_per_node"] for s in specs for c in s.cells}):
             (slurm or Slurm()).layout(n)
     todo, on_slurm = [], []
-    states = slurm_states([d for _, _, d in plan(specs, tag, root)
-                           if read_status(d) not in FINAL]) if launcher == "slurm" else {}
-    for cell, seed, d in plan(specs, tag, root):
-        status = read_status(d)
+    planned = [(c, s, d, read_status(d)) for c, s, d in plan(specs, tag, root)]
+    states = slurm_states([d for *_, d, status in planned if status not in FINAL]) \
+        if launcher == "slurm" else {}
+    for cell, seed, d, status in planned:
         if status in FINAL:
             continue
         if d in states:  # submitted before and still there: followed, never submitted twice
@@ -290,7 +290,7 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
         todo.append((cell, seed, d))
     if todo and launcher == "local":
         record_host(root / tag)
-    total = len(plan(specs, tag, root))
+    total = len(planned)
     where = f"{jobs} job(s) in parallel" if launcher == "local" else \
         f"SLURM, at most {jobs} at a time"
     left = f", {len(on_slurm)} still on SLURM" if on_slurm else ""
@@ -453,9 +453,10 @@ def submit_slurm(todo, runs: list[TrainJob], folder: Path, jobs: int, threads: i
         live = submitted + followed
         while live and not stop.asked:
             # Ended: its first task reported, or SLURM no longer holds it (killed, node lost,
-            # out of requeues; asked of squeue too where sacct keeps no accounts).
+            # out of requeues; asked of squeue too where sacct keeps no accounts). The same
+            # question the next command asks, in one sacct call for every job.
             there = slurm_states([x[3] for x in live])
-            for item in [x for x in live if x[0].done() or x[3] not in there]:
+            for item in [x for x in live if x[3] not in there]:
                 live.remove(item)
                 status, _ = job_result(item[0], item[3])
                 counts[status] = counts.get(status, 0) + 1

@@ -336,7 +336,7 @@ def test_a_second_command_follows_runs_still_on_slurm_to_their_end(tmp_path, mon
             set_status(d, "completed")
             rec = json.loads((d / "job.json").read_text())
             cloudpickle_dump(("success", {"status": "completed", "wall_s": 5.0}),
-                        Path(rec["folder"]) / f"{rec['job_id']}_0_result.pkl")
+                             Path(rec["folder"]) / f"{rec['job_id']}_0_result.pkl")
 
     threading.Timer(1.0, finish).start()
     assert sweep([spec], None, jobs=2, root=root, launcher="slurm") == {"completed": 2}
