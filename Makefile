@@ -11,7 +11,7 @@ export BNLAB_TEST_DATA ?= $(abspath ../shared/data/cifar10-mini)
 .DEFAULT_GOAL := help
 .PHONY: help install test test-gpu test-slurm test-slow lint demo bench perf-doc clean table-jitter table-batch table-ranks \
 	tables report table-pitfalls figure-losslog table-evalmode table-rankstats table-sync \
-	table-precisebn layout table-lrpilot table-plateau table-decompose
+	table-precisebn layout table-lrpilot table-plateau table-decompose table-pilot
 JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 # make table-X runs bnlab/claims/X.py: its sweep (DATA, JOBS, RUNS), what it measures, experiments/X/
 # LAUNCH: where the sweep's runs go (default this machine), e.g. LAUNCH="--launcher slurm
@@ -68,6 +68,9 @@ tables: install ## all three sweeps in one pool (shared cells run once), then ev
 
 table-lrpilot: install ## the headline protocol's learning rate, by its stated rule -> experiments/lrpilot/
 	$(CLAIMS) lrpilot
+
+table-pilot: install ## the headline protocol's choices (lr, gn groups, freeze point) on 1,000 held-out images -> experiments/pilot/
+	$(CLAIMS) pilot
 
 table-plateau: install ## C1 C4 C6 C9 on the headline protocol: detrended jitter, floors, 5 seeds (hours) -> experiments/plateau/
 	$(CLAIMS) plateau

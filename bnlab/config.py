@@ -28,7 +28,8 @@ NOT_EXPERIMENT = ("name", "output_dir", "progress", "checkpoint", "checkpoint_ev
                   "dist.timeout_s", "dist.device", "dist.backend")
 # ...and, for resuming, keys that change what is measured or when training stops, not the
 # training itself.
-RESUME_MAY_CHANGE = (*NOT_EXPERIMENT, "max_steps", "eval_every", "diagnostics", "on_nan",
+RESUME_MAY_CHANGE = (*NOT_EXPERIMENT, "max_steps", "eval_every", "eval_sparse_until",
+                     "diagnostics", "on_nan",
                      "data.val_limit", "data.eval_batch")
 
 
@@ -49,7 +50,8 @@ def without(cfg: dict, keys) -> dict:
 ADDED_LATER = {"on_nan": "stop", "data.rank_skew": False, "record.predictions": False,
                "record.decompose": False, "record.decompose_samples": 2048,
                "record.decompose_after": 0.0, "optim.name": "sgd", "dist.bn_sync": "none",
-               "norm.impl": "auto"}
+               "norm.impl": "auto", "data.holdout": 0, "data.holdout_seed": 0,
+               "data.image_size": 32, "eval_sparse_until": 0.0}
 
 
 def get_dotted(cfg: dict, dotted: str):
@@ -138,6 +140,13 @@ def validate(cfg: dict, here: bool = True) -> None:
     _choice(cfg, "norm.kind", sorted(NORMS))
     for k in ("data.train_limit", "data.val_limit"):
         _pos_int(cfg, k, "a non-negative integer (0 = all)", minimum=0)
+    _pos_int(cfg, "data.holdout", "a non-negative integer (training images held out; 0 = none)",
+             minimum=0)
+    _pos_int(cfg, "data.holdout_seed", "a non-negative integer", minimum=0)
+    _pos_int(cfg, "data.image_size", "an integer of at least 8 (pixels a side)", minimum=8)
+    sparse = cfg.get("eval_sparse_until", 0.0)
+    _need(_is_num(sparse) and 0 <= sparse < 1, "eval_sparse_until", "a fraction of training in "
+          "[0, 1)", sparse)
     _pos_int(cfg, "data.eval_batch")
     for k in ("augment", "rank_skew"):
         v = cfg["data"].get(k, False)

@@ -14,7 +14,7 @@ import hashlib
 import itertools
 import pickle
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +29,9 @@ CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
 TEST_FILES = ["test_batch"]
 FULL_BATCH = 10_000  # images per file in the official archive; checksums apply only then
+# data.* keys that build_dataset applies itself (the loaders never see them)
+DATA_KEYS = ("train_limit", "val_limit", "holdout", "holdout_seed", "image_size", "augment",
+             "rank_skew", "eval_batch")
 
 
 @dataclass
@@ -52,6 +55,21 @@ class Dataset:
     val: Split
     mean: tuple[float, float, float]  # per-channel, of the training images in [0, 1]
     std: tuple[float, float, float]
+    size: int = 32  # the side the model sees: images are resized to it after augmentation
+    _scale: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 images on the device -> the model's input: in [0, 1], resized to `size`
+        (bilinear; the identity at 32), normalized by the training set's mean and std."""
+        x = x.float().div_(255)
+        if x.shape[-1] != self.size:
+            x = F.interpolate(x, size=(self.size, self.size), mode="bilinear",
+                              align_corners=False)
+        if x.device not in self._scale:  # made once per device: no copy per batch
+            self._scale[x.device] = (torch.tensor(self.mean, device=x.device).view(1, 3, 1, 1),
+                                     torch.tensor(self.std, device=x.device).view(1, 3, 1, 1))
+        mean, std = self._scale[x.device]
+        return (x - mean) / std
 
 
 # ----------------------------------------------------------------------------------------
@@ -164,15 +182,42 @@ DATASETS: dict[str, Callable[..., tuple[Split, Split]]] = {
 }
 
 
+def holdout(train: Split, n: int, seed: int) -> tuple[Split, Split]:
+    """(the rest, `n` held-out images): a validation split carved from the training images,
+    stratified (each class's share as in the whole, largest remainders rounded up) and
+    seeded; the rest keeps its original order, so its data order is the set's own."""
+    if not 0 < n < len(train):
+        raise BnlabError(f"data.holdout={n} must be between 1 and {len(train) - 1} "
+                         f"(the training set has {len(train)} images), or 0 for none.")
+    g = torch.Generator().manual_seed(20_011 + seed)
+    perm = torch.randperm(len(train), generator=g)
+    counts = torch.bincount(train.y, minlength=NUM_CLASSES).double()
+    share = counts * n / len(train)
+    quota = share.floor().long()
+    left = n - int(quota.sum())
+    quota[torch.argsort(share - quota, descending=True, stable=True)[:left]] += 1
+    ys = train.y[perm]
+    held = torch.cat([perm[ys == c][:int(quota[c])] for c in range(NUM_CLASSES)])
+    keep = torch.ones(len(train), dtype=torch.bool)
+    keep[held] = False
+    held = held.sort().values
+    return Split(train.x[keep], train.y[keep]), Split(train.x[held], train.y[held])
+
+
 def build_dataset(cfg: dict) -> Dataset:
-    """Load the dataset named by `cfg['name']` into CPU memory (train/val limits applied)."""
-    opts = {k: v for k, v in cfg.items() if k != "name"}
+    """Load the dataset named by `cfg['name']` into CPU memory (train/val limits applied).
+    With `holdout` > 0 the validation split is that many training images, held out of
+    training (protocol choices are made on it, never on the test split)."""
+    opts = {k: v for k, v in cfg.items() if k not in ("name", *DATA_KEYS)}
     train, val = DATASETS[cfg["name"]](**opts)
-    train, val = train.head(cfg.get("train_limit", 0)), val.head(cfg.get("val_limit", 0))
+    train = train.head(cfg.get("train_limit", 0))
+    if cfg.get("holdout", 0):
+        train, val = holdout(train, cfg["holdout"], cfg.get("holdout_seed", 0))
+    val = val.head(cfg.get("val_limit", 0))
     xf = train.x.float().div_(255)
     mean = tuple(xf.mean(dim=(0, 2, 3)).tolist())
     std = tuple(xf.std(dim=(0, 2, 3)).tolist())
-    return Dataset(train, val, mean, std)
+    return Dataset(train, val, mean, std, cfg.get("image_size", 32))
 
 
 # ----------------------------------------------------------------------------------------
@@ -219,13 +264,12 @@ class TrainLoader:
     def __init__(self, data: Dataset, device: torch.device, batch_per_gpu: int, world: int,
                  rank: int, grad_accum: int, seed: int, augment: bool,
                  rank_skew: bool = False):
+        self.data = data
         self.split = data.train.to(device)
         self.labels = data.train.y.cpu()
         self.device = device
         self.b, self.world, self.rank, self.k = batch_per_gpu, world, rank, grad_accum
         self.seed, self.augment, self.rank_skew = seed, augment, rank_skew
-        self.mean = torch.tensor(data.mean, device=device).view(1, 3, 1, 1)
-        self.std = torch.tensor(data.std, device=device).view(1, 3, 1, 1)
 
     @property
     def global_micro(self) -> int:
@@ -247,7 +291,7 @@ class TrainLoader:
         return pos[order][self.rank * self.b:(self.rank + 1) * self.b]
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        return (x.float().div_(255) - self.mean) / self.std
+        return self.data.prepare(x)
 
     def epoch(self, epoch: int, start: int = 0
               ) -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -282,9 +326,7 @@ def val_batches(data: Dataset, split: Split, device: torch.device, batch: int, w
     """This rank's contiguous share of the validation set, in batches, normalized."""
     n = len(split)
     lo, hi = n * rank // world, n * (rank + 1) // world
-    mean = torch.tensor(data.mean, device=device).view(1, 3, 1, 1)
-    std = torch.tensor(data.std, device=device).view(1, 3, 1, 1)
     for s in range(lo, hi, batch):
         e = min(s + batch, hi)
         x = split.x[s:e].to(device, non_blocking=True)
-        yield (x.float().div_(255) - mean) / std, split.y[s:e].to(device, non_blocking=True)
+        yield data.prepare(x), split.y[s:e].to(device, non_blocking=True)

@@ -54,7 +54,8 @@ def preflight(cfg: dict, run_dir: Path) -> tuple[dict[str, int], bool]:
     world = world_size(cfg)
     bns = [m for m in model.modules() if isinstance(m, RankBatchNorm)]
     group = bns[0].group_size(world) if bns and bns[0].sync == "exact" else 1
-    counts = bn_value_counts(model, cfg["batch_per_gpu"] * group)
+    side = cfg["data"]["image_size"]
+    counts = bn_value_counts(model, cfg["batch_per_gpu"] * group, (3, side, side))
     risky = at_risk(counts, cfg["diagnostics"]["min_values"])
     if risky and cfg["norm"]["kind"] != "frozen_bn":
         dist.print0(f"bnlab: warning: {risk_message(risky, cfg['diagnostics']['min_values'])}",

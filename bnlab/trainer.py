@@ -71,6 +71,12 @@ def eval_points(steps_per_epoch: int, per_epoch: int) -> set[int]:
     return {round((i + 1) * steps_per_epoch / per_epoch) for i in range(per_epoch)}
 
 
+def dense(cfg: dict, epoch: int) -> bool:
+    """Whether 0-based `epoch` evaluates `eval_every` times: every epoch ending after the first
+    `eval_sparse_until` of training (before it, only the epoch end: no measure reads those)."""
+    return epoch + 1 > cfg.get("eval_sparse_until", 0.0) * cfg["epochs"] + 1e-9
+
+
 def train_step(model: nn.Module, micro: list, opt: torch.optim.Optimizer, meter: Meter,
                sync_grads: bool) -> torch.Tensor:
     """One optimizer step over k micro-batches; DDP all-reduces only on the last one.
@@ -278,7 +284,7 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
             f"({loader.global_micro * cfg['grad_accum']} images); "
             "lower batch_per_gpu or grad_accum."
         )
-    evals = eval_points(spe, cfg["eval_every"])
+    evals = eval_points(spe, cfg["eval_every"])  # dense epochs; the others evaluate at the end
     opt, sched = build_optimizer(cfg["optim"], model, spe, cfg["epochs"])
     val = data.val.to(env.device)
     step_meter, epoch_meter = Meter(env.device), Meter(env.device)
@@ -327,11 +333,12 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
             set_epoch(model, epoch)
             net.train()
             first = start if epoch == epoch0 else 0
+            here = evals if dense(cfg, epoch) else {spe}
             bar = tqdm(total=spe, initial=first, desc=f"epoch {epoch + 1}/{cfg['epochs']}",
                        leave=False, disable=not (env.is_main and cfg["progress"]),
                        dynamic_ncols=True)
             for i, micro in enumerate(loader.epoch(epoch, first), start=first + 1):
-                probe = GapProbe(model) if diag and i in evals else None
+                probe = GapProbe(model) if diag and i in here else None
                 with probe or contextlib.nullcontext():
                     loss = train_step(net, micro, opt, step_meter, ranks > 1)
                 sched.step()
@@ -358,7 +365,7 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
                     clock.stop()
                     synced = sync_bn_stats(net, bn_sync)
                     clock.start()
-                if i in evals:
+                if i in here:
                     clock.stop()
                     at = epoch + i / spe
                     last = {"step": step, "epoch": at,

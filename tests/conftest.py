@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# Tests sweep into temporary folders, from whatever tree they run in (a developer's is often
+# dirty); test_sweep.py checks the refusal with this unset.
+os.environ.setdefault("BNLAB_ALLOW_DIRTY", "1")
 CIFAR_MINI = Path(os.environ.get("BNLAB_TEST_DATA", ROOT.parent / "shared/data/cifar10-mini"))
 
 needs_cifar = pytest.mark.skipif(

@@ -141,3 +141,44 @@ def test_images_go_on_into_the_next_epoch_when_one_is_too_short():
     assert len(got) == 40
     assert all(torch.equal(a, b) for a, b in zip(got[:25], ld.images(0, 25), strict=True))
     assert all(torch.equal(a, b) for a, b in zip(got[25:], ld.images(1, 15), strict=True))
+
+
+@needs_cifar
+def test_holdout_is_a_stratified_seeded_split_of_the_training_images():
+    cfg = {"name": "cifar10", "root": str(CIFAR_MINI), "download": False}
+    full = D.build_dataset(cfg)
+    d = D.build_dataset({**cfg, "holdout": 1000})
+    assert (len(d.train), len(d.val)) == (len(full.train) - 1000, 1000)
+    # each class held out in its share of the whole, to within one image
+    share = torch.bincount(full.train.y, minlength=10) * 1000 / len(full.train)
+    assert (torch.bincount(d.val.y, minlength=10) - share).abs().max() < 1
+    # the held-out images and the rest are the training set, split: none in both, none lost
+    key = lambda s: {bytes(x.numpy()) for x in s.x}  # noqa: E731
+    held, rest = key(d.val), key(d.train)
+    assert not held & rest and held | rest == key(full.train)
+    assert not held & key(full.val)  # the test split is never touched
+    again = D.build_dataset({**cfg, "holdout": 1000})
+    assert torch.equal(again.val.x, d.val.x)  # seeded: every run holds out the same
+    other = D.build_dataset({**cfg, "holdout": 1000, "holdout_seed": 1})
+    assert not torch.equal(other.val.y, d.val.y)
+    with pytest.raises(BnlabError, match="data.holdout=9000 must be between 1 and"):
+        D.build_dataset({**cfg, "holdout": 9000})
+
+
+def test_image_size_resizes_the_prepared_batch_and_32_is_the_plain_normalization():
+    train, val = D.make_synthetic(num_train=16, num_val=8)
+    d32 = D.Dataset(train, val, (0.5, 0.4, 0.3), (0.2, 0.25, 0.3))
+    x = train.x[:4]
+    mean = torch.tensor(d32.mean).view(1, 3, 1, 1)
+    std = torch.tensor(d32.std).view(1, 3, 1, 1)
+    assert torch.equal(d32.prepare(x), (x.float() / 255 - mean) / std)
+    d64 = D.Dataset(train, val, d32.mean, d32.std, size=64)
+    y = d64.prepare(x)
+    assert y.shape == (4, 3, 64, 64)
+    ref = torch.nn.functional.interpolate(x.float() / 255, size=(64, 64), mode="bilinear")
+    torch.testing.assert_close(y, (ref - mean) / std)
+    ld = D.TrainLoader(d64, torch.device("cpu"), 2, 1, 0, 1, seed=0, augment=True)
+    (xb, _), = next(ld.epoch(0))
+    assert xb.shape == (2, 3, 64, 64)  # augmented at 32, then resized
+    (vb, _), = [next(D.val_batches(d64, val, torch.device("cpu"), 8, 1, 0))]
+    assert vb.shape == (8, 3, 64, 64)

@@ -248,3 +248,21 @@ def test_decomposing_simulated_syncbn_ranks_never_changes_training(tmp_path):
     a, b = (torch.load(dirs[k] / "checkpoint.pt", weights_only=True)["model"]
             for k in ("plain", "rec"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sparse_evaluation_before_the_plateau_and_a_larger_image_size(tmp_path):
+    """eval_sparse_until=0.5: only epoch ends before the half, eval_every an epoch after it;
+    data.image_size=64 gives resnet18 a 2x2 map in layer4 (4 values per image there)."""
+    from bnlab import dist, trainer
+    from bnlab.lab.sweep import compose
+    from bnlab.norms import bn_value_counts
+
+    cfg = compose(["model=resnet18", "data=synthetic", "data.num_train=32", "data.num_val=16",
+                   "epochs=4", "batch_per_gpu=4", "eval_every=4", "eval_sparse_until=0.5",
+                   "data.image_size=64", "progress=false", "checkpoint=false"])
+    assert [trainer.dense(cfg, e) for e in range(4)] == [False, False, True, True]
+    trainer.run(cfg, tmp_path, dist.init("cpu", "auto", 60, 0))
+    evals = [r["epoch"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "val/acc" in r]
+    assert evals == [1, 2, 2.25, 2.5, 2.75, 3, 3.25, 3.5, 3.75, 4]
+    counts = bn_value_counts(trainer.build_net(cfg), 4, (3, 64, 64))
+    assert counts["layer4.1.bn2"] == 4 * 2 * 2 and counts["bn1"] == 4 * 32 * 32

@@ -18,6 +18,7 @@ from bnlab.claims import (
     jitter,
     losslog,
     lrpilot,
+    pilot,
     pitfalls,
     plateau,
     precisebn,
@@ -29,7 +30,7 @@ from bnlab.lab import table
 
 TABLES: dict[str, table.Table] = {m.TABLE.name: m.TABLE for m in (
     jitter, batch, ranks, evalmode, rankstats, sync, precisebn, losslog, pitfalls, lrpilot, plateau,
-    decompose)}
+    decompose, pilot)}
 
 
 def main(argv: list[str] | None = None) -> int:

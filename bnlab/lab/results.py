@@ -60,6 +60,14 @@ class Run:
         return yaml.safe_load((self.path / "config.yaml").read_text())
 
     @property
+    def holdout(self) -> int:
+        """Training images held out as its validation split (0: it evaluated on the test
+        split; also for a run without its config.yaml, which predates the option)."""
+        if not (self.path / "config.yaml").is_file():
+            return 0
+        return self.cfg["data"].get("holdout", 0)
+
+    @property
     def label(self) -> str:
         c = self.cfg
         return (f"{c['model']['name']} {c['norm']['kind']} {self.info.get('world', '?')}x"

@@ -45,7 +45,7 @@ from bnlab.errors import BnlabError
 from bnlab.lab.jobs import FINAL, LAUNCHERS, STOP_SIGNALS, Slurm, TrainJob, executor
 from bnlab.paths import CONFIGS, ROOT, RUNS, shown
 from bnlab.preempt import StopRequest
-from bnlab.rundir import machine, read_status
+from bnlab.rundir import git_commit, machine, read_status
 
 RUN_ONLY = ["progress=false", "checkpoint=true", "resume=auto"]
 PREEMPTED = 75  # the sweep's exit status when stopped by a signal (as train.py's)
@@ -58,6 +58,7 @@ SLURM_ALIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", 
                "COMPLETING", "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT")
 POLL_S, SLURM_POLL_S = 0.5, 30.0
 RESEND_S = 5.0  # while a sweep stops, each running job is asked again this often
+ALLOW_DIRTY = "BNLAB_ALLOW_DIRTY"  # set (or --allow-dirty): runs from uncommitted code allowed
 
 
 @dataclass
@@ -147,7 +148,7 @@ def data_tag(cfg: dict) -> str:
     from bnlab.data import build_dataset
 
     check_data(cfg)
-    d = build_dataset(cfg["data"])
+    d = build_dataset({**cfg["data"], "holdout": 0})  # a held-out split is part of the config
     return f"{cfg['data']['name']}-{len(d.train)}"
 
 
@@ -252,6 +253,16 @@ def job_result(job, d: Path, stopping: bool = False) -> tuple[str, float]:
     return ("failed" if status in (None, "running") else status), 0.0
 
 
+def refuse_dirty() -> None:
+    """Runs that a table reports come from committed code only: a working tree with
+    uncommitted changes to tracked files would leave runs whose code nobody can check out."""
+    commit = git_commit()
+    if commit is not None and commit.endswith("-dirty"):
+        raise BnlabError(f"the working tree at {ROOT} has uncommitted changes, so its runs "
+                         "could not be traced to a commit; commit or stash them (or pass "
+                         "--allow-dirty for a trial whose runs are never committed).")
+
+
 def submit_folder(root: Path, tag: str) -> Path:
     """Where submitit keeps each job's pickles and logs (ignored by git): one folder per
     sweep command, so a job id (a process id, on this machine) never meets an older one."""
@@ -261,12 +272,14 @@ def submit_folder(root: Path, tag: str) -> Path:
 
 def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | None = None,
           root: Path = RUNS, launcher: str = "local", slurm: Slurm | None = None,
-          wait: bool = True, gpus: int | None = None) -> dict[str, int]:
+          wait: bool = True, gpus: int | None = None,
+          allow_dirty: bool | None = None) -> dict[str, int]:
     """Run every unfinished run of `specs` through submitit, `jobs` at a time; returns how
     many ended how. On this machine each run gets GPUs of its own (`gpus`, default every
     visible one; as many as its ranks), and waits while too few are free. `launcher="slurm"`
     submits them as one SLURM job array instead (with `slurm`'s resources; `wait=False`
-    returns once they are submitted)."""
+    returns once they are submitted). Runs start only from a clean working tree unless
+    `allow_dirty` (or BNLAB_ALLOW_DIRTY) says otherwise."""
     tag = data_tag(specs[0].cells[0].cfg)
     name = "+".join(s.name for s in specs)
     if launcher == "slurm":  # every run's layout, before anything is moved or submitted
@@ -288,6 +301,8 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
         elif d.exists():
             print(f"will resume {status or 'unfinished'} run: {d}")
         todo.append((cell, seed, d))
+    if todo and not (allow_dirty or os.environ.get(ALLOW_DIRTY)):
+        refuse_dirty()
     if todo and launcher == "local":
         record_host(root / tag)
     total = len(planned)
@@ -496,6 +511,9 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--launcher", choices=LAUNCHERS, default="local",
                    help="local: on this machine, --jobs at a time (default); slurm: one job "
                         "array, --jobs at a time")
+    g.add_argument("--allow-dirty", action="store_true",
+                   help="run from a working tree with uncommitted changes (a trial: such runs "
+                        "are never committed; without it the sweep refuses)")
     g.add_argument("--partition", help="SLURM partition")
     g.add_argument("--nodes", type=int,
                    help="SLURM nodes per run of several ranks (default 1; a one-rank run, "
@@ -533,7 +551,7 @@ def launcher_kwargs(a: argparse.Namespace) -> dict:
         if given:
             flag = "--" + given[0].replace("_", "-")
             raise BnlabError(f"{flag} is a SLURM option; add --launcher slurm, or leave it out.")
-        return {"launcher": "local"}
+        return {"launcher": "local", **dirty_kwargs(a)}
     for name in ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "time",
                  "signal_delay"):
         v, low = getattr(a, name), 0 if name == "gpus_per_node" else 1
@@ -545,7 +563,12 @@ def launcher_kwargs(a: argparse.Namespace) -> dict:
                   cpus_per_task=a.cpus_per_task, time_min=a.time or base.time_min,
                   signal_delay_s=a.signal_delay or base.signal_delay_s, account=a.account,
                   qos=a.qos, constraint=a.constraint, setup=list(a.setup))
-    return {"launcher": "slurm", "slurm": slurm, "wait": not a.no_wait}
+    return {"launcher": "slurm", "slurm": slurm, "wait": not a.no_wait, **dirty_kwargs(a)}
+
+
+def dirty_kwargs(a: argparse.Namespace) -> dict:
+    """--allow-dirty, where given (else the default: BNLAB_ALLOW_DIRTY, or refuse)."""
+    return {"allow_dirty": True} if a.allow_dirty else {}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -244,9 +244,12 @@ def provenance(cells: list[CellResult], tag: str, root: Path = RUNS, budget: boo
     devices = sorted({r.info.get("device", "?") for r in runs})
     torch_v = sorted({r.info.get("versions", {}).get("torch") or "?" for r in runs})
     expected = sum(c.expected for c in cells)
+    held = sorted({r.holdout for r in runs})
+    where = "its test split" if held == [0] else \
+        f"{' or '.join(map(str, held))} training images held out of training"
     return "\n".join([
         f"- Data: `{tag}` (CIFAR-10 training images read from the sweep's `--data`; "
-        "validation on its test split)",
+        f"validation on {where})",
         f"- Machine: {'; '.join(machines)}; device {', '.join(devices)}; torch "
         f"{', '.join(torch_v)}",
         f"- Commit(s): {', '.join(f'`{c}`' for c in commits)}",
@@ -347,10 +350,12 @@ def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]]) ->
     unique = {c.cell.key: c for c in cells}.values()
     short = sum(len(c.runs) < c.expected for c in unique)
     n = ("one", "two", "three", "four", "five", "six")[len(sweeps) - 1]
-    again = "`make tables`" if marker == "claims" else ", ".join(
-        f"`{t.make}`" for t, d in built if isinstance(d, RunsData) and t.claims)
+    ruling = [t for t, d in built if isinstance(d, RunsData) and t.claims] or \
+        [t for t, d in built if isinstance(d, RunsData)]
+    again = "`make tables`" if marker == "claims" else ", ".join(f"`{t.make}`" for t in ruling)
+    tables = "the table calls" if len(sweeps) == 1 else f"the {n} tables call"
     status = "" if done == expected else (
-        f"**Preliminary:** {done} of the {expected} runs the {n} tables call for have "
+        f"**Preliminary:** {done} of the {expected} runs {tables} for have "
         f"finished ({short} of {len(unique)} cells lack seeds); the sweep goes on with "
         f"{again}, and these verdicts may change. ")
     runs = [r for c in cells for r in c.runs]
@@ -358,7 +363,8 @@ def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]]) ->
         budget = (f"Wall time of all {n} tables together (`make tables`, shared cells run "
                   f"once): {budget_line(runs, expected, 'all')}; each table gives its own.")
     else:
-        budget = (f"Wall time of the runs of these {n} tables together (shared cells run once): "
+        these = "this table" if len(sweeps) == 1 else f"these {n} tables together"
+        budget = (f"Wall time of the runs of {these} (shared cells run once): "
                   f"about {wall_minutes(runs):.0f} min at {JOBS} runs side by side on this "
                   f"machine, for the {done} of {expected} runs finished.")
     replace_block(readme, begin, end, "\n".join([

@@ -429,8 +429,9 @@ def test_slurm_lays_out_one_task_per_rank_and_refuses_a_layout_that_does_not_fit
 def smoke_cfg(cell: Cell) -> dict:
     cfg = json.loads(json.dumps(cell.cfg))
     micro = cfg["batch_per_gpu"] * cfg["dist"]["simulate"] * cfg["dist"]["nproc_per_node"]
+    held = 16 if cfg["data"]["holdout"] else 0  # a pilot's held-out split, in small
     cfg["data"].update(root=str(CIFAR_MINI), download=False, val_limit=64,
-                       train_limit=2 * micro * cfg["grad_accum"])
+                       train_limit=2 * micro * cfg["grad_accum"] + held, holdout=held)
     cfg.update(epochs=1, eval_every=1, max_steps=0, progress=False, checkpoint=False)
     cfg["precise_bn"]["num_samples"] = micro // cfg["batch_per_gpu"] * cfg["precise_bn"]["batch"]
     return cfg
@@ -471,3 +472,22 @@ def test_real_ddp_experiment_cells_run_a_few_steps(tmp_path):
         assert p.returncode == 0, p.stderr[-2000:]
         assert read_status(tmp_path / cell.key) == "completed"
         assert json.loads((tmp_path / cell.key / "run.json").read_text())["processes"] == 4
+
+
+def test_a_sweep_refuses_a_dirty_working_tree_unless_allowed(tmp_path, monkeypatch, capsys):
+    """Runs a table reports come from committed code only; --allow-dirty is for trials."""
+    import bnlab.lab.sweep as sweep_module
+
+    spec = tiny_spec(tmp_path)
+    monkeypatch.delenv("BNLAB_ALLOW_DIRTY")
+    monkeypatch.setattr(sweep_module, "git_commit", lambda: "abc123-dirty")
+    with pytest.raises(BnlabError, match="uncommitted changes.*--allow-dirty"):
+        sweep([spec], None, jobs=1, root=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()  # refused before anything was written
+    from bnlab.lab.sweep import main
+    assert main([str(spec.path), "--runs", str(tmp_path / "runs"), "--jobs", "1"]) == 2
+    assert "uncommitted changes" in capsys.readouterr().err
+    monkeypatch.setattr(sweep_module, "git_commit", lambda: "abc123")
+    assert sweep_module.launcher_kwargs(sweep_module.argparse.Namespace(
+        launcher="local", allow_dirty=True, **dict.fromkeys(sweep_module.SLURM_ONLY))) == \
+        {"launcher": "local", "allow_dirty": True}

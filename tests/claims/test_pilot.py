@@ -1,0 +1,74 @@
+"""The pilot's rules (experiments/pilot): the best plateau accuracy on held-out data, ties
+within a point to the stated side, diverged candidates out, nothing chosen while seeds lack."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from bnlab.claims import pilot
+from bnlab.lab.results import CellResult, Run
+from bnlab.lab.sweep import Cell, Spec
+from bnlab.lab.table import RunsData
+from bnlab.rundir import set_status
+
+EPOCHS = 20
+
+
+def fake_run(d, plateau_acc: float, status: str = "completed") -> Run:
+    """A finished pilot run: 4 evaluations an epoch on the plateau at this accuracy (+-0.5)."""
+    d.mkdir(parents=True)
+    rows = [{"step": e, "epoch": e, "val/acc": 30.0, "val/loss": 2.0} for e in range(1, 11)]
+    acc = 10.0 if plateau_acc is None else plateau_acc
+    rows += [{"step": 100 + i, "epoch": 10 + (i + 1) / 4, "val/acc": acc + (-1) ** i / 2,
+              "val/loss": 1.0} for i in range(40)]
+    rows.append({"step": 999, "epoch": EPOCHS, "train/loss": 1.0, "train_epoch/loss": 1.0})
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "run.json").write_text(json.dumps({"commit": "abc", "host": "h", "device": "cpu"}))
+    (d / "config.yaml").write_text(yaml.safe_dump({"data": {"holdout": 1000}}))
+    set_status(d, status)
+    return Run.read(d)
+
+
+def data(tmp_path, choice: str, key: str, accs: dict[float, list], seeds: int = 2) -> RunsData:
+    cells = []
+    for value, per_seed in accs.items():
+        cell = Cell(f"{choice} {value:g}", [], list(range(seeds)), cfg={"epochs": EPOCHS},
+                    meta={"choice": choice, key: value})
+        runs = [fake_run(tmp_path / f"{choice}{value:g}" / f"seed{s}", a,
+                         "diverged" if a is None else "completed")
+                for s, a in enumerate(per_seed)]
+        cells.append(CellResult(cell, runs, seeds))
+    spec = Spec("pilot", "Pilot", "headline", [c.cell for c in cells], tmp_path / "sweep.yaml")
+    return RunsData(spec, cells, "cifar10-5085", tmp_path, tmp_path / "out")
+
+
+def test_the_best_rate_wins_and_a_tie_within_a_point_goes_to_the_smaller_rate(tmp_path):
+    d = data(tmp_path / "a", "lr", "lr", {0.00625: [50, 52], 0.0125: [61, 61], 0.025: [62, 61.5]})
+    pick = pilot.choose(d, "lr")
+    assert pick["value"] == 0.0125  # 61 is within 1 point of 61.75: the smaller rate
+    assert pick["score"] == pytest.approx(61)
+    d = data(tmp_path / "b", "lr", "lr", {0.0125: [58, 59], 0.025: [62, 61.5]})
+    assert pilot.choose(d, "lr")["value"] == 0.025  # 3 points apart: no tie
+
+
+def test_a_candidate_that_diverged_in_a_seed_is_out(tmp_path):
+    d = data(tmp_path, "lr", "lr", {0.0125: [58, 59], 0.1: [70, None]})
+    pick = pilot.choose(d, "lr")
+    assert pick["value"] == 0.0125 and "diverged in a seed, not candidates: 0.1" in pick["why"]
+
+
+def test_groups_tie_to_the_most_and_the_freeze_to_the_earliest(tmp_path):
+    d = data(tmp_path / "g", "groups", "groups", {2: [60, 60], 4: [60.2, 60.4], 8: [59.8, 59.5]})
+    assert pilot.choose(d, "groups")["value"] == 8
+    d = data(tmp_path / "f", "freeze", "freeze_after", {2: [55, 55.5], 5: [56, 56], 10: [57, 57]})
+    assert pilot.choose(d, "freeze")["value"] == 5  # 2 is 1.25 points behind 10; 5 is tied
+
+
+def test_nothing_is_chosen_while_a_candidate_lacks_seeds(tmp_path):
+    d = data(tmp_path, "lr", "lr", {0.0125: [58, 59], 0.025: [62]})
+    assert pilot.choose(d, "lr")["value"] is None
+    text = pilot.render(d)
+    assert "**Chosen: -**" in text and "held out" in text
