@@ -51,7 +51,8 @@ ADDED_LATER = {"on_nan": "stop", "data.rank_skew": False, "record.predictions": 
                "record.decompose": False, "record.decompose_samples": 2048,
                "record.decompose_after": 0.0, "optim.name": "sgd", "dist.bn_sync": "none",
                "norm.impl": "auto", "data.holdout": 0, "data.holdout_seed": 0,
-               "data.image_size": 32, "eval_sparse_until": 0.0}
+               "data.image_size": 32, "eval_sparse_until": 0.0,
+               "record.decompose_batch": True}
 
 
 def get_dotted(cfg: dict, dotted: str):
@@ -210,7 +211,7 @@ def validate(cfg: dict, here: bool = True) -> None:
     _pos_int(cfg, "diagnostics.train_mode_batch", "a non-negative integer (0 = batch_per_gpu)",
              minimum=0)
     rec = cfg.get("record", {})
-    for k in ("predictions", "decompose"):
+    for k in ("predictions", "decompose", "decompose_batch"):
         v = rec.get(k, False)
         _need(isinstance(v, bool), f"record.{k}", "true or false", v)
     if rec.get("decompose", False):

@@ -38,6 +38,9 @@ from bnlab.errors import BnlabError
 from bnlab.norms import restore_modes, save_modes
 
 KINDS = ("bn", "syncbn")
+# A layer is at risk below these per rank (experiments/values tests them against the data).
+MIN_VALUES = 16  # values per channel that a BN layer normalizes over
+MIN_IMAGES = 8   # images (samples) per BN group
 
 
 @dataclass
@@ -256,7 +259,8 @@ def recommend(layers: list[Layer], world: int, batch: int, min_values: int,
 
 
 def check(model: nn.Module, input_shape: tuple[int, ...], world: int, batch_per_rank: int, *,
-          min_values: int = 16, min_images: int = 8) -> tuple[list[Layer], list[str]]:
+          min_values: int = MIN_VALUES,
+          min_images: int = MIN_IMAGES) -> tuple[list[Layer], list[str]]:
     """The doctor from Python, on the model as it is (its own BN kinds and sync groups):
     the layers at risk and the fixes (both empty when none is at risk)."""
     layers = measure(model, tuple(input_shape), world, batch_per_rank, None, 0, min_values,
@@ -349,9 +353,9 @@ def add_parser(sub) -> None:
                                                  "model as built, statistics per rank)")
     p.add_argument("--sync-group", type=int, default=0,
                    help="with --norm syncbn: ranks that share statistics (default all)")
-    p.add_argument("--min-values", type=int, default=16,
-                   help="values per channel below which a layer is at risk (default 16)")
-    p.add_argument("--min-images", type=int, default=8,
-                   help="samples below which a layer is at risk (default 8)")
+    p.add_argument("--min-values", type=int, default=MIN_VALUES,
+                   help=f"values per channel below which a layer is at risk (default {MIN_VALUES})")
+    p.add_argument("--min-images", type=int, default=MIN_IMAGES,
+                   help=f"samples below which a layer is at risk (default {MIN_IMAGES})")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(run=report)

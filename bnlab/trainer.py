@@ -187,8 +187,9 @@ def evaluation(model: nn.Module, cfg: dict, data: Dataset, val, env: dist.DistEn
     """One evaluation: val metrics with the running statistics (EMA) and, with
     `record.decompose` (at evaluations after `record.decompose_after` of training), the same
     weights with (b) PreciseBN statistics of a fixed,
-    un-augmented set of training images (`decomp/..._precise`) and (c) each rank batch's own
-    statistics in train mode (`decomp/..._batch`). Each way's predictions go to `preds`."""
+    un-augmented set of training images (`decomp/..._precise`) and, unless
+    `record.decompose_batch` is false, (c) each rank batch's own statistics in train mode
+    (`decomp/..._batch`). Each way's predictions go to `preds`."""
     rec = cfg["record"]
     record = rec["predictions"]  # the same on every rank: gathering is a collective
     keep = [] if record else None
@@ -200,14 +201,17 @@ def evaluation(model: nn.Module, cfg: dict, data: Dataset, val, env: dist.DistEn
         res, n = precise_eval(model, cfg, data, val, env, epoch=0, augment=False, apply=False,
                               num_samples=rec["decompose_samples"],
                               key="record.decompose_samples", preds=kp)
-        kb = [] if record else None
-        tm = train_mode_accuracy(model, data, val, env, cfg["batch_per_gpu"], kb,
-                                 cfg["data"]["eval_batch"])
         out.update({"decomp/acc_precise": res["val/acc"], "decomp/loss_precise": res["val/loss"],
-                    "decomp/acc_batch": tm["bn/train_mode/acc"],
-                    "decomp/loss_batch": tm["bn/train_mode/loss"], "decomp/samples": n,
-                    "time/decompose_s": time.perf_counter() - t0})
-        ways += [("precise", kp), ("batch", kb)]
+                    "decomp/samples": n})
+        ways.append(("precise", kp))
+        if rec.get("decompose_batch", True):  # (c): a forward per rank batch of the test set
+            kb = [] if record else None
+            tm = train_mode_accuracy(model, data, val, env, cfg["batch_per_gpu"], kb,
+                                     cfg["data"]["eval_batch"])
+            out.update({"decomp/acc_batch": tm["bn/train_mode/acc"],
+                        "decomp/loss_batch": tm["bn/train_mode/loss"]})
+            ways.append(("batch", kb))
+        out["time/decompose_s"] = time.perf_counter() - t0
     if record:
         for kind, parts in ways:
             preds.log(step, epoch, kind, classes(parts, env))  # rank 0 writes

@@ -1,0 +1,370 @@
+"""`make table-lr` (claims C1, C3, C4 on the settled headline protocol): the learning-rate
+crossover. Why does BN jitter, and where can a contrast with SyncBN show at all?
+
+    python -m bnlab.claims lr --data DIR --jobs 2   # sweep (hours on 2 cores), table
+    python -m bnlab.claims lr --report              # table from the runs' logs only
+
+Trains experiments/lr/sweep.yaml: resnet20 bn and syncbn at 4 ranks x 2 images (simulated) on
+the settled headline protocol (configs/experiment/headline.yaml: constant rate after half an
+epoch of warmup, 20 epochs, 10 evaluations an epoch on the plateau), at the rate the pilot
+chose on held-out data (experiments/pilot; the spec's `chosen_lr`) and at rates spanning it up
+to 0.1, 5 seeds each, every training image, the test split. Every plateau evaluation is
+decomposed (record.decompose): the same weights with PreciseBN statistics, so each run's
+detrended variance splits into the weights' part and the running statistics' part
+(bnlab.jitter.variance_split). Writes experiments/lr/{table.md, lr.png}.
+
+The rules, written before these runs (experiments/README.md names the commit):
+
+- **Control check.** At a rate, syncbn (the control; 1 rank x 8 computes exactly what it does)
+  is *steady* when it learned (plateau acc >= NO_LEARNING + 5) and its plateau jitter (von
+  Neumann sd, mean over seeds) is at most STEADY times its own churn floor (mean over seeds):
+  its accuracy then moves little more than prediction churn through a fixed test set would.
+  A contrast is ruled only at a rate whose control is steady; elsewhere it is "untestable at
+  this setting", never "not reproduced".
+- **C1** is ruled at the chosen rate; if its control is not steady, at the steady rate nearest
+  to it (on a log scale; the smaller of two equally near); with none, untestable. There: bn
+  below NO_LEARNING + 5 on the plateau: untestable (no room to jitter); bn's jitter separated
+  above syncbn's (exact one-sided permutation test over seeds, p <= SEPARATED) and >= 2x it,
+  with bn >= FLOOR_RATIO x its churn floor: reproduced; separated but under 2x or under that
+  floor: partly; not separated: not reproduced (indistinguishable). The effect size is the
+  ratio of mean jitters with a 95% bootstrap interval over seeds (bnlab.lab.analysis).
+- **C3** (1 rank x 8 far steadier than 4 x 2) is the same computation as C1: 1 x 8 bn is
+  syncbn at 4 x 2 exactly (tests/test_simulate.py), so its verdict is C1's, said so.
+- **C4** (changing the learning rate does not remove the effect) needs C1's effect at its rate
+  (reproduced or partly), else untestable. The effect survives at another rate whose control
+  is steady if bn's jitter is separated above syncbn's there and >= 1.5x it; reproduced if it
+  survives at every such rate, partly at some, not reproduced at none; with no other steady
+  rate, untestable. Augmentation and the optimizer are not varied on this protocol.
+
+The prediction, written before these runs. The running statistics are an EMA (momentum m =
+0.1) of batch statistics. Their error against the current weights' true statistics has two
+parts: sampling noise, variance ~ m / (2 - m) x the batch statistic's variance, independent
+of the rate, and 4x larger for bn (rank 0's 2 images per update, DDP's buffer broadcast) than
+for syncbn (8); and lag behind weights that move ~lr per step, variance ~ lr^2 / (2m), the same
+for both. To first order the accuracy's statistics part follows the error's variance:
+S(norm, lr) = a_norm + b lr^2 with a_bn = 4 a_syncbn. So (P1) at the lowest rate bn's
+statistics part is >= 2x syncbn's (about 4x); (P2) that ratio falls as the rate rises, toward
+1; (P3) syncbn's statistics part grows with the rate. The table fits a_bn, a_syncbn and b to
+the six cell means and sets a_bn / a_syncbn beside the 4 predicted.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from bnlab.claims.decompose import split
+from bnlab.jitter import PLATEAU
+from bnlab.lab import table
+from bnlab.lab.analysis import NO_LEARNING, SEPARATED, Stat, p_above, ratio_interval
+from bnlab.lab.figures import band, legend, plt, save
+from bnlab.lab.results import CellResult, fmt
+from bnlab.lab.table import RunsData, Verdict
+
+NORMS = ("bn", "syncbn")
+MIN_SEEDS = 3      # seeds each cell needs before a rule applies
+STEADY = 1.5       # the control is steady at most this multiple of its own churn floor
+FLOOR_RATIO = 1.5  # bn's jitter above this multiple of its churn floor: its quality moves
+SURVIVES = 1.5     # C4: the effect survives at another rate at this ratio (and separated)
+LEARNED = NO_LEARNING + 5
+CLAIMED = "bn ±10, syncbn ±2"
+
+
+def cell(d: RunsData, norm: str, lr: float) -> CellResult | None:
+    return next((c for c in d.cells if c.cell.meta.get("norm") == norm
+                 and math.isclose(c.cell.meta.get("lr", -1), lr)), None)
+
+
+def rates(d: RunsData) -> list[float]:
+    return sorted({c.cell.meta["lr"] for c in d.cells})
+
+
+def chosen(d: RunsData) -> float:
+    return d.spec.extra["chosen_lr"]
+
+
+def vals(c: CellResult | None, key: str = "vn_sd") -> list[float]:
+    return [] if c is None else c.jitter_values(key)
+
+
+def mean(xs: list[float]) -> float | None:
+    return float(np.mean(xs)) if xs else None
+
+
+def ready(*cells: CellResult | None) -> bool:
+    """Every cell has MIN_SEEDS finished seeds (diverged ones count as finished)."""
+    return all(c is not None and len(c.runs) >= min(MIN_SEEDS, c.expected) for c in cells)
+
+
+def steady(d: RunsData, lr: float) -> tuple[bool | None, str]:
+    """Whether the control (syncbn) is steady at `lr`, and why; None until it has run."""
+    sb = cell(d, "syncbn", lr)
+    if not ready(sb):
+        return None, f"syncbn at lr {lr:g}: fewer than {MIN_SEEDS} seeds finished"
+    if len(vals(sb)) < MIN_SEEDS:
+        return False, f"syncbn at lr {lr:g}: {sb.diverged} of {len(sb.runs)} seeds diverged"
+    acc, vn, floor = mean(vals(sb, "plateau_acc")), mean(vals(sb)), mean(vals(sb, "churn_floor"))
+    if acc < LEARNED:
+        return False, f"syncbn at lr {lr:g} does not learn ({acc:.1f}% on the plateau)"
+    ratio = vn / floor if floor else math.inf
+    text = (f"syncbn at lr {lr:g}: jitter {vn:.2f} = {ratio:.1f}x its churn floor {floor:.2f} "
+            f"({'steady' if ratio <= STEADY else 'not steady'}: the bound is {STEADY:g}x)")
+    return ratio <= STEADY, text
+
+
+def contrast(d: RunsData, lr: float) -> dict:
+    """bn against syncbn at `lr`: jitter ratio with its interval, p, bn against its floor."""
+    bn, sb = cell(d, "bn", lr), cell(d, "syncbn", lr)
+    a, b = vals(bn), vals(sb)
+    lo, hi = ratio_interval(a, b)
+    return {"ratio": mean(a) / max(mean(b), 1e-9), "lo": lo, "hi": hi, "p": p_above(a, b),
+            "over": mean(vals(bn, "over_floor")), "bn_acc": mean(vals(bn, "plateau_acc")),
+            "text": (f"lr {lr:g}: von Neumann sd bn {bn.jstat('vn_sd').fmt(2)}, syncbn "
+                     f"{sb.jstat('vn_sd').fmt(2)}: {mean(a) / max(mean(b), 1e-9):.2f}x "
+                     f"(95% interval {fmt(lo, 2)} to {fmt(hi, 2)}), p = {fmt(p_above(a, b), 3)}; "
+                     f"bn at {fmt(mean(vals(bn, 'over_floor')), 1)}x its churn floor; plateau "
+                     f"acc bn {bn.jstat('plateau_acc').fmt(1)}, syncbn "
+                     f"{sb.jstat('plateau_acc').fmt(1)}")}
+
+
+def ruling_rate(d: RunsData) -> tuple[float | None, str]:
+    """C1's rate by the rule: the chosen one if steady, else the nearest steady one."""
+    pick = chosen(d)
+    ok, why = steady(d, pick)
+    if ok:
+        return pick, why
+    if ok is None:
+        return None, why
+    known = {lr: steady(d, lr)[0] for lr in rates(d)}
+    if any(v is None for v in known.values()):
+        return None, why + "; the other rates' controls have not all run yet"
+    good = sorted((lr for lr, v in known.items() if v),
+                  key=lambda lr: (abs(math.log(lr / pick)), lr))
+    if not good:
+        return None, why + "; no rate has a steady control"
+    return good[0], why + f"; the nearest steady rate is {good[0]:g}"
+
+
+def outcome(d: RunsData, lr: float) -> str:
+    """C1's outcome at a rate whose control is steady."""
+    c = contrast(d, lr)
+    if c["bn_acc"] is None or c["bn_acc"] < LEARNED:
+        return "untestable"
+    if c["p"] is None or c["p"] > SEPARATED:
+        return "not reproduced"
+    return "reproduced" if c["ratio"] >= 2 and (c["over"] or 0) >= FLOOR_RATIO else "partly"
+
+
+RULE_C1 = (f"Control check: syncbn must learn and its plateau jitter be at most {STEADY:g}x its "
+           "own churn floor, else the rate is untestable. Ruled at the pilot's chosen rate, or "
+           "at the steady rate nearest it. There: bn's jitter (von Neumann sd) separated above "
+           f"syncbn's (exact one-sided permutation test, p <= {SEPARATED}) and >= 2x it, with "
+           f"bn >= {FLOOR_RATIO:g}x its churn floor: reproduced; separated, under 2x or under that "
+           "floor: partly; not separated: not reproduced (indistinguishable); bn below "
+           f"{LEARNED:g}% on the plateau: untestable. Effect size: the ratio of mean jitters "
+           "with a 95% bootstrap interval over seeds.")
+
+
+def c1_parts(d: RunsData) -> tuple[str, str, str]:
+    """(verdict, ours, why) of C1 on this protocol."""
+    lr, why = ruling_rate(d)
+    if lr is None:
+        bn, sb = cell(d, "bn", chosen(d)), cell(d, "syncbn", chosen(d))
+        v = "not run yet" if not ready(bn, sb) or "not all run" in why else "untestable"
+        return v, why, RULE_C1
+    if not ready(cell(d, "bn", lr)):
+        return "not run yet", f"bn at lr {lr:g}: fewer than {MIN_SEEDS} seeds finished", RULE_C1
+    v = outcome(d, lr)
+    c = contrast(d, lr)
+    note = " (indistinguishable)" if v == "not reproduced" else \
+        " (bn does not learn: no room to jitter)" if v == "untestable" else ""
+    return v, f"{c['text']}{note}; {why}", RULE_C1
+
+
+def c1(d: RunsData) -> Verdict:
+    v, ours, why = c1_parts(d)
+    return Verdict("C1", "make table-lr", CLAIMED, ours, v, why)
+
+
+def c3(d: RunsData) -> Verdict:
+    v, ours, _ = c1_parts(d)
+    return Verdict("C3", "make table-lr", "1x8 far more stable than 4x2",
+                   "the same cells as C1: " + ours, v,
+                   "1 rank x 8 with bn computes exactly what syncbn at 4 ranks x 2 computes (the "
+                   "same 8 images normalized together, the same steps; tests/test_simulate.py), "
+                   "so C3 is C1's contrast and gets C1's verdict by C1's rule.")
+
+
+def c4(d: RunsData) -> Verdict:
+    base, _, _ = c1_parts(d)
+    lr0, _ = ruling_rate(d)
+    rule = (f"Rule: C1's effect must exist at its rate (reproduced or partly), else untestable; "
+            f"at every other rate whose control is steady the effect survives if bn's jitter is "
+            f"separated above syncbn's (p <= {SEPARATED}) and >= {SURVIVES:g}x it; reproduced if "
+            "it survives at every such rate, partly at some, not reproduced at none; no other "
+            "steady rate: untestable. Augmentation and the optimizer are not varied on this "
+            "protocol (the short protocol's table-jitter has them, as history).")
+    others = [lr for lr in rates(d) if lr != lr0]
+    parts, got = [], []
+    for lr in others:
+        ok, why = steady(d, lr)
+        if ok and ready(cell(d, "bn", lr)):
+            c = contrast(d, lr)
+            alive = c["p"] is not None and c["p"] <= SEPARATED and c["ratio"] >= SURVIVES
+            got.append(alive)
+            parts.append(c["text"] + (" (survives)" if alive else " (gone)"))
+        else:
+            parts.append(why if ok is not None else f"lr {lr:g}: not run yet")
+    if base == "not run yet":
+        v = "not run yet"
+    elif base not in ("reproduced", "partly"):
+        v = "untestable"
+        rule += f" C1 is {base}, so there is no effect to survive."
+    elif any("not run yet" in p or "fewer than" in p for p in parts):
+        v = "not run yet"
+    elif not got:
+        v = "untestable"
+    else:
+        v = "reproduced" if all(got) else "partly" if any(got) else "not reproduced"
+    return Verdict("C4", "make table-lr", "aug off / other optimizer / lr do not remove it",
+                   "; ".join(parts) or "no other rate", v, rule)
+
+
+def verdicts(d: RunsData) -> list[Verdict]:
+    return [c1(d), c3(d), c4(d)]
+
+
+# ----------------------------------------------------------------------------------------
+# The crossover: statistics and weights at each rate, beside the prediction
+
+
+def parts(c: CellResult | None, part: str) -> list[float]:
+    out = []
+    for r in (c.runs if c else []):
+        s = split(r, c.epochs)
+        if s is not None:
+            out.append(s[part])
+    return out
+
+
+def fit(d: RunsData) -> dict | None:
+    """Least squares of the statistics part's cell means on a_bn, a_syncbn and b lr^2."""
+    rows, ys = [], []
+    for c in d.cells:
+        s = parts(c, "statistics")
+        if len(s) >= MIN_SEEDS:
+            lr = c.cell.meta["lr"]
+            rows.append([c.cell.meta["norm"] == "bn", c.cell.meta["norm"] == "syncbn", lr ** 2])
+            ys.append(np.mean(s))
+    if len(rows) < 4 or len({r[0] for r in rows}) < 2:
+        return None
+    (a_bn, a_sb, b), *_ = np.linalg.lstsq(np.array(rows, float), np.array(ys), rcond=None)
+    return {"a_bn": a_bn, "a_syncbn": a_sb, "b": b, "n": len(rows)}
+
+
+def predictions(d: RunsData) -> list[str]:
+    """P1-P3 against the measurements, one line each (or why not yet)."""
+    rs = [lr for lr in rates(d) if all(len(parts(cell(d, n, lr), "statistics")) >= MIN_SEEDS
+                                        for n in NORMS)]
+    if len(rs) < 2:
+        return ["- The prediction is checked once two rates have both cells' seeds."]
+    ratio = {lr: mean(parts(cell(d, "bn", lr), "statistics"))
+             / max(mean(parts(cell(d, "syncbn", lr), "statistics")), 1e-9) for lr in rs}
+    sb = {lr: mean(parts(cell(d, "syncbn", lr), "statistics")) for lr in rs}
+    lo, hi = rs[0], rs[-1]
+    out = [f"- P1, bn's statistics part >= 2x syncbn's at the lowest rate ({lo:g}; about 4x "
+           f"predicted): {ratio[lo]:.2f}x: {'agrees' if ratio[lo] >= 2 else 'disagrees'}.",
+           f"- P2, that ratio falls as the rate rises: "
+           f"{', '.join(f'{ratio[lr]:.2f}x at {lr:g}' for lr in rs)}: "
+           f"{'agrees' if ratio[hi] < ratio[lo] else 'disagrees'}.",
+           f"- P3, syncbn's statistics part grows with the rate: "
+           f"{', '.join(f'{sb[lr]:.2f} at {lr:g}' for lr in rs)} points²: "
+           f"{'agrees' if sb[hi] > sb[lo] else 'disagrees'}."]
+    f = fit(d)
+    if f is not None:
+        rel = f["a_bn"] / f["a_syncbn"] if f["a_syncbn"] > 0 else math.nan
+        out.append(f"- Fit S = a_norm + b lr² to the {f['n']} cell means: a_bn {f['a_bn']:.2f}, "
+                   f"a_syncbn {f['a_syncbn']:.2f} points² (a_bn / a_syncbn {rel:.1f}; 4 "
+                   f"predicted), b {f['b']:.0f} points² per lr².")
+    return out
+
+
+COLUMNS = ["lr", "cell", "seeds", "plateau acc (%)", "von Neumann sd (pts)", "churn floor (pts)",
+           "jitter / floor", "statistics part (pts²)", "weights part (pts²)",
+           "statistics share (%)"]
+
+
+def row(c: CellResult) -> list[str]:
+    st, we = parts(c, "statistics"), parts(c, "weights")
+    tot = parts(c, "total")
+    share = Stat.of([100 * s / t for s, t in zip(st, tot, strict=True) if t > 0])
+    return [f"{c.cell.meta['lr']:g}", c.cell.meta["norm"], c.seeds_note(),
+            c.jstat("plateau_acc").fmt(1), c.jstat("vn_sd").fmt(2),
+            c.jstat("churn_floor").fmt(2), c.jstat("over_floor").fmt(2), Stat.of(st).fmt(2),
+            Stat.of(we).fmt(2), share.fmt(0)]
+
+
+def render(d: RunsData) -> str:
+    lines = [f"Chosen rate (experiments/pilot, on held-out data): **{chosen(d):g}**.", "",
+             table.md_table(COLUMNS, [row(c) for lr in rates(d) for n in NORMS
+                                      if (c := cell(d, n, lr)) is not None]), "",
+             "## Control check and contrast, rate by rate", ""]
+    for lr in rates(d):
+        ok, why = steady(d, lr)
+        bn = cell(d, "bn", lr)
+        lines.append(f"- {why}" + (f"; {contrast(d, lr)['text']}" if ok is not None and
+                                   ready(bn) and vals(bn) else ""))
+    lines += ["", "## Why BN jitters: the prediction against the measurement", "",
+              *predictions(d), "",
+              "Statistics part: the detrended variance of (val acc with the running statistics "
+              "- val acc of the same weights with PreciseBN statistics); weights part: that of "
+              "the PreciseBN series (bnlab.jitter.variance_split; twice their covariance makes "
+              "up the rest). On the plateau, the second half of training; mean ± sd over seeds. "
+              "The prediction and the rules are in bnlab/claims/lr.py, written before these "
+              "runs.", ""]
+    return table.runs_page(d, "\n".join(lines))
+
+
+def plot(d: RunsData, path: Path) -> None:
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    ax = axes[0]
+    for lr in rates(d):
+        for n in NORMS:
+            c = cell(d, n, lr)
+            if c is not None and c.runs and lr in (chosen(d), rates(d)[-1]):
+                band(ax, c, f"{n}, lr {lr:g}")
+    ax.axvline(PLATEAU * 20, color="grey", ls=":", lw=1)
+    ax.set(title="val acc (band: min..max over seeds)", xlabel="epoch", ylabel="val accuracy (%)")
+    ax.grid(alpha=0.3)
+    legend(ax, 7)
+    for ax, key, title in ((axes[1], "vn_sd", "plateau jitter (von Neumann sd)"),
+                           (axes[2], None, "statistics part of the variance")):
+        for i, n in enumerate(NORMS):
+            xs, ys = [], []
+            for lr in rates(d):
+                v = vals(cell(d, n, lr), key) if key else parts(cell(d, n, lr), "statistics")
+                ax.plot([lr] * len(v), v, "o", color=f"C{i}", ms=3, alpha=0.5)
+                if v:
+                    xs.append(lr)
+                    ys.append(mean(v))
+            ax.plot(xs, ys, "-", color=f"C{i}", label=n)
+        if key:
+            for lr in rates(d):
+                f = vals(cell(d, "syncbn", lr), "churn_floor")
+                if f:
+                    ax.plot([lr], [mean(f)], "_", color="black", ms=14,
+                            label="syncbn's churn floor" if lr == rates(d)[0] else None)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(rates(d), [f"{x:g}" for x in rates(d)])
+        ax.axvline(chosen(d), color="grey", ls="--", lw=1)
+        ax.set(title=title, xlabel="learning rate (dashed: chosen)",
+               ylabel="points" if key else "points²")
+        ax.grid(alpha=0.3)
+        legend(ax, 8)
+    save(fig, path, "The learning-rate crossover: resnet20, 4 ranks x 2, constant rate")
+
+
+TABLE = table.Table("lr", ("C1", "C3", "C4"), table.runs_data, render, verdicts, plot,
+                    block="settled")

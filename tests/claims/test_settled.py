@@ -1,0 +1,152 @@
+"""The settled headline protocol's rules (table-lr, table-fixes, table-values) on runs with
+chosen curves: the control check, the ruling rate, C1/C3/C4, C8's paired gain, and what
+governs BN's collapse."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from bnlab.claims import fixes, lr, values
+from bnlab.lab.results import CellResult, Run
+from bnlab.lab.sweep import Cell, Spec
+from bnlab.lab.table import RunsData
+from bnlab.metrics import PREDICTIONS, encode_classes
+from bnlab.rundir import set_status
+
+N = 1000  # test images of the fake runs
+
+
+def fake(d, accs, epochs: int = 20, decomp=None, precise=None, info=None, seed=0):
+    """A finished run: 10 evaluations an epoch at these val accs; each evaluation's right
+    answers a fresh random subset of that size (prediction churn, so a churn floor)."""
+    rng = np.random.default_rng(seed)
+    d.mkdir(parents=True)
+    rows, preds = [], [json.dumps({"step": 0, "labels": encode_classes(np.zeros(N))})]
+    for i, a in enumerate(accs):
+        ep = (i + 1) / 10
+        row = {"step": i + 1, "epoch": ep, "val/acc": a, "val/loss": 2.0 - a / 100}
+        if decomp is not None:
+            row.update({"decomp/acc_precise": decomp[i], "decomp/loss_precise": 1.0})
+        if precise is not None and abs(ep - round(ep)) < 1e-9:
+            row["val/acc_precise"] = a + precise
+        rows.append(row)
+        right = rng.permutation(N) < round(a * N / 100)
+        preds.append(json.dumps({"step": i + 1, "epoch": ep, "kind": "ema",
+                                 "pred": encode_classes((~right).astype(np.uint8))}))
+    rows.append({"step": 999, "epoch": epochs, "train/loss": 1.0, "train_epoch/loss": 1.0})
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / PREDICTIONS).write_text("\n".join(preds) + "\n")
+    (d / "run.json").write_text(json.dumps({"commit": "abc", "host": "h", "device": "cpu",
+                                            **(info or {})}))
+    (d / "config.yaml").write_text(yaml.safe_dump({"data": {"holdout": 0}}))
+    set_status(d, "completed")
+    return Run.read(d, seed)
+
+
+def curve(level: float, noise: float, seed: int, n: int = 200) -> list[float]:
+    rng = np.random.default_rng(seed)
+    return list(np.clip(level + rng.normal(0, noise, n), 0, 100))
+
+
+def runs_data(tmp_path, specs: list[tuple[str, dict, list]], extra=None, epochs=20) -> RunsData:
+    """Cells from (label, meta, runs made by fake) triples."""
+    cells = []
+    for label, meta, runs in specs:
+        cell = Cell(label, [], list(range(len(runs))), cfg={"epochs": epochs}, meta=meta)
+        cells.append(CellResult(cell, runs, len(runs)))
+    spec = Spec("t", "T", "headline", [c.cell for c in cells], tmp_path / "sweep.yaml",
+                extra or {})
+    return RunsData(spec, cells, "cifar10-5085", tmp_path, tmp_path / "out")
+
+
+def lr_data(tmp_path, noise: dict, level: dict | None = None, seeds: int = 5) -> RunsData:
+    """bn and syncbn at three rates; `noise[(norm, lr)]` is the accuracy's noise sd."""
+    out = []
+    for (norm, rate), sd in noise.items():
+        acc = (level or {}).get((norm, rate), 60.0)
+        runs = [fake(tmp_path / f"{norm}{rate}" / f"s{s}", curve(acc, sd, 100 * s + len(out)),
+                     decomp=curve(acc, sd / 2, 7 + s), seed=s) for s in range(seeds)]
+        out.append((f"{norm} lr {rate:g}", {"norm": norm, "lr": rate}, runs))
+    return runs_data(tmp_path, out, {"chosen_lr": 0.0125})
+
+
+def test_the_control_check_reads_jitter_against_its_own_churn_floor(tmp_path):
+    d = lr_data(tmp_path, {("syncbn", 0.0125): 0.5, ("syncbn", 0.1): 6.0, ("bn", 0.0125): 0.5,
+                           ("bn", 0.1): 6.0})
+    assert lr.steady(d, 0.0125)[0] is True
+    ok, why = lr.steady(d, 0.1)
+    assert ok is False and "not steady" in why
+
+
+def test_c1_is_ruled_where_the_control_is_steady_and_c3_follows_it(tmp_path):
+    d = lr_data(tmp_path, {("syncbn", 0.0125): 0.5, ("bn", 0.0125): 4.0, ("syncbn", 0.1): 6.0,
+                           ("bn", 0.1): 6.0})
+    v = lr.c1(d)
+    assert v.verdict == "reproduced" and "lr 0.0125" in v.ours and "95% interval" in v.ours
+    assert lr.c3(d).verdict == "reproduced"
+    # C4: the other rate's control is not steady, so no rate is left to survive at
+    assert lr.c4(d).verdict == "untestable"
+
+
+def test_an_unsteady_chosen_rate_moves_c1_to_the_nearest_steady_rate(tmp_path):
+    noise = {("syncbn", 0.003125): 0.5, ("bn", 0.003125): 0.5, ("syncbn", 0.0125): 6.0,
+             ("bn", 0.0125): 6.0, ("syncbn", 0.1): 6.0, ("bn", 0.1): 6.0}
+    d = lr_data(tmp_path, noise)
+    assert lr.ruling_rate(d)[0] == 0.003125
+    assert lr.c1(d).verdict == "not reproduced"  # bn as steady as syncbn there
+    noise[("syncbn", 0.003125)] = 6.0
+    d = lr_data(tmp_path / "none", noise)
+    v = lr.c1(d)
+    assert v.verdict == "untestable" and "no rate has a steady control" in v.ours
+
+
+def test_the_crossover_prediction_is_checked_against_the_split(tmp_path):
+    d = lr_data(tmp_path, {("syncbn", 0.003125): 0.5, ("bn", 0.003125): 1.0,
+                           ("syncbn", 0.1): 0.5, ("bn", 0.1): 1.0})
+    lines = lr.predictions(d)
+    assert lines[0].startswith("- P1") and any(line.startswith("- Fit") for line in lines)
+    assert "Chosen rate" in lr.render(d)
+
+
+def test_c8_pairs_each_recalibration_with_the_running_statistics_just_before_it(tmp_path):
+    runs = [fake(tmp_path / "pb" / f"s{s}", curve(60, 0.5, s), precise=1.5 + s / 10, seed=s)
+            for s in range(3)]
+    d = runs_data(tmp_path, [("bn + PreciseBN", {"fix": "precise"}, runs)])
+    assert fixes.recalibration_gain(runs[0], 20) == pytest.approx(1.5)
+    v = fixes.c8(d)
+    assert v.verdict == "reproduced" and "up in 3 of 3 seeds" in v.ours
+
+
+def values_data(tmp_path, gaps: dict[tuple[str, int], float]) -> RunsData:
+    """Three inputs x 4x2, 2x4, 1x8 with these gaps to each input's 1x8 (3 seeds)."""
+    area = {"resnet18 32 px": 1, "resnet18 64 px": 4, "resnet20": 64}
+    out = []
+    for inp, a in area.items():
+        for per_rank in (2, 4, 8):
+            gap = gaps.get((inp, per_rank), 0.0)
+            runs = [fake(tmp_path / inp / str(per_rank) / f"s{s}",
+                         curve(60 - gap, 0.5, 10 * s + per_rank), epochs=10, seed=s,
+                         info={"bn_values_per_channel": {"a": per_rank * a, "b": 999}})
+                    for s in range(3)]
+            out.append((f"{inp} {8 // per_rank}x{per_rank}",
+                        {"input": inp, "per_rank": per_rank}, runs))
+    return runs_data(tmp_path, out, epochs=10)
+
+
+def test_values_govern_when_two_images_hold_at_eight_values(tmp_path):
+    d = values_data(tmp_path, {("resnet18 32 px", 2): 20.0, ("resnet18 32 px", 4): 8.0})
+    assert values.governs(d)[0] == "values govern"
+    doc, instead = values.thresholds(d)
+    assert doc.startswith("not supported") and "above 4" in instead
+    assert "no samples threshold" in instead
+    text = values.render(d)
+    assert "values govern" in text and "breaks" in text
+
+
+def test_samples_govern_when_every_two_image_cell_breaks(tmp_path):
+    gaps = {("resnet18 32 px", 2): 20.0, ("resnet18 64 px", 2): 10.0, ("resnet20", 2): 5.0}
+    assert values.governs(values_data(tmp_path, gaps))[0] == "samples govern"
