@@ -10,6 +10,7 @@ import contextlib
 import copy
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -269,17 +270,60 @@ def save_checkpoint(run_dir: Path, cfg: dict, model: nn.Module, opt, sched,
         })
 
 
-def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
-        resuming: bool = False) -> dict:
-    """Train one run; rank 0 writes everything under `run_dir`. Returns the final metrics,
-    with `stopped` = completed | diverged | preempted and the step."""
-    run_dir = Path(run_dir)
+@dataclass
+class Loop:
+    """Everything one run's loop reads and moves: built once by `setup`, advanced by
+    `train_epoch` and `end_epoch`."""
+
+    cfg: dict
+    run_dir: Path
+    env: dist.DistEnv
+    data: Dataset
+    model: nn.Module  # the bare model (its state is what checkpoints keep)
+    net: nn.Module    # what trains: DDP, SimulatedDDP or the model itself
+    loader: TrainLoader
+    evals: set[int]   # the steps of a dense epoch after which to evaluate
+    opt: torch.optim.Optimizer
+    sched: object
+    val: object
+    meters: list[Meter]  # [this log interval's, this epoch's]
+    logger: MetricsLogger
+    preds: PredictionLog
+    clock: Clock
+    step: int = 0
+    last: dict = field(default_factory=dict)  # the latest evaluation and epoch metrics
+    stopped: str = "completed"
+    stop_step: int = 0
+    synced: dict = field(default_factory=dict)
+    logged: tuple[float, int] = (0.0, 0)  # training seconds and step at the last log line
+
+    @property
+    def spe(self) -> int:
+        return self.loader.steps_per_epoch
+
+    @property
+    def ranks(self) -> int:
+        return self.env.world * self.cfg["dist"]["simulate"]
+
+    @property
+    def stop(self) -> int:
+        """The last step: max_steps, else every epoch (the schedule always spans them all)."""
+        return self.cfg["max_steps"] or self.spe * self.cfg["epochs"]
+
+    def checkpoint(self, epoch: int, i: int) -> None:
+        save_checkpoint(self.run_dir, self.cfg, self.model, self.opt, self.sched, self.meters,
+                        self.env, epoch, i, self.step)
+
+
+def setup(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None,
+          resuming: bool) -> tuple[Loop, int, int]:
+    """Build the run (data, model, optimizer, loggers), restore its checkpoint when resuming,
+    and write run.json; returns the loop and where it continues (epoch, step in it)."""
     data = build_dataset(cfg["data"])
     model = build_net(cfg).to(env.device)
     # Every rank starts from identical weights (same seed); DDP also broadcasts rank 0's.
     net = wrap(model, cfg, env)
     sim = cfg["dist"]["simulate"]
-    ranks = env.world * sim
     loader = train_loader(cfg, data, env)
     spe = loader.steps_per_epoch
     if spe == 0:
@@ -290,14 +334,11 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
         )
     evals = eval_points(spe, cfg["eval_every"])  # dense epochs; the others evaluate at the end
     opt, sched = build_optimizer(cfg["optim"], model, spe, cfg["epochs"])
-    val = data.val.to(env.device)
-    step_meter, epoch_meter = Meter(env.device), Meter(env.device)
-    meters = [step_meter, epoch_meter]
-
+    meters = [Meter(env.device), Meter(env.device)]
     ckpt = load_latest(run_dir) if resuming else None  # after wrap: own buffers win over DDP's
     epoch0, start, step = restore(ckpt, model, opt, sched, meters, env) if ckpt else (0, 0, 0)
     if env.is_main:
-        info = {"world": ranks, "simulated": sim > 1, "processes": env.world,
+        info = {"world": env.world * sim, "simulated": sim > 1, "processes": env.world,
                 "device": str(env.device), "backend": env.backend, "steps_per_epoch": spe,
                 "syncbn_impl": ran_syncbn(cfg, env, sim), **(meta or {})}
         if resuming:
@@ -309,101 +350,135 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
         else:
             write_run_info(run_dir, cfg, info)
         set_status(run_dir, "running", step=step)
+    warn_bn_sync(cfg, env.world * sim)
+    logger = MetricsLogger(run_dir, env.is_main, cfg, console=False,
+                           wandb_cfg=cfg["logger"]["wandb"])
+    preds = PredictionLog(run_dir, env.is_main and cfg["record"]["predictions"], data.val.y)
+    loop = Loop(cfg, run_dir, env, data, model, net, loader, evals, opt, sched,
+                data.val.to(env.device), meters, logger, preds, Clock(env.device), step=step,
+                logged=(0.0, step))
+    return loop, epoch0, start
+
+
+def warn_bn_sync(cfg: dict, ranks: int) -> None:
     bn_sync = cfg["dist"]["bn_sync"]
     if bn_sync != "none" and cfg["dist"]["broadcast_buffers"] and ranks > 1:
         dist.print0(f"bnlab: warning: dist.bn_sync={bn_sync} changes little here: with "
                     f"dist.broadcast_buffers=true every rank already takes rank 0's BN "
                     f"statistics at each forward; set dist.broadcast_buffers=false to let the "
                     f"ranks keep their own until the epoch end.")
-    logger = MetricsLogger(run_dir, env.is_main, cfg, console=False,
-                           wandb_cfg=cfg["logger"]["wandb"])
-    preds = PredictionLog(run_dir, env.is_main and cfg["record"]["predictions"], data.val.y)
-    clock = Clock(env.device)
-    images_per_step = loader.global_micro * cfg["grad_accum"]
-    last, stopped, stop_step, synced = {}, "completed", 0, {}
-    stop = cfg["max_steps"] or spe * cfg["epochs"]  # the schedule always spans all epochs
-    diag = cfg["diagnostics"]["enabled"]
+
+
+def log_train(lp: Loop, epoch: int, i: int, loss: torch.Tensor) -> dict:
+    """The train-metrics line (every `log_every` steps and at the epoch's end). A loss that is
+    not finite stops the run as diverged (the same reduced value on every rank, so every rank
+    stops together)."""
+    elapsed = lp.clock.stop()
+    step_meter, epoch_meter = lp.meters
+    epoch_meter.t += step_meter.t  # every step of the epoch passes through here
+    t0, s0 = lp.logged
+    per_step = lp.loader.global_micro * lp.cfg["grad_accum"]
+    rec = {"step": lp.step, "epoch": epoch + i / lp.spe, "lr": lp.opt.param_groups[0]["lr"],
+           **step_meter.reduce("train"),
+           # rank 0's last loss: the sparse sample a naive logger shows
+           "train/loss_rank0": float(loss),
+           "images_per_s": (lp.step - s0) * per_step / max(elapsed - t0, 1e-9)}
+    lp.logged = (elapsed, lp.step)
+    lp.logger.log(rec, echo=False)
+    lp.clock.start()
+    if not math.isfinite(rec["train/loss"]) and lp.cfg["on_nan"] == "stop":
+        lp.stopped, lp.stop_step = "diverged", lp.step
+    return rec
+
+
+def evaluate_now(lp: Loop, epoch: int, i: int, probe: GapProbe | None) -> None:
+    """One evaluation (and the BN health metrics), timed apart from training."""
+    lp.clock.stop()
+    at = epoch + i / lp.spe
+    lp.last = {"step": lp.step, "epoch": at,
+               **evaluation(lp.model, lp.cfg, lp.data, lp.val, lp.env, lp.preds, lp.step, at)}
+    if lp.cfg["diagnostics"]["enabled"]:
+        lp.last.update(bn_health(lp.model, lp.cfg, lp.data, lp.val, lp.env, probe))
+    lp.logger.log(lp.last, echo=False)
+    lp.clock.start()
+
+
+def train_epoch(lp: Loop, epoch: int, first: int, request: StopRequest) -> int:
+    """Train `epoch` from its step `first`: step, log, evaluate, sync BN at its end, and stop
+    on a request or a non-finite loss. Returns the epoch's last step (1-based)."""
+    cfg, spe = lp.cfg, lp.spe
+    set_epoch(lp.model, epoch)
+    lp.net.train()
+    here = lp.evals if dense(cfg, epoch) else {spe}
     every = cfg["checkpoint_every"] if cfg["checkpoint"] else 0
-    clock.start()
-    t_logged, step_logged = 0.0, step
+    bar = tqdm(total=spe, initial=first, desc=f"epoch {epoch + 1}/{cfg['epochs']}", leave=False,
+               disable=not (lp.env.is_main and cfg["progress"]), dynamic_ncols=True)
+    i = first
+    for i, micro in enumerate(lp.loader.epoch(epoch, first), start=first + 1):
+        probe = GapProbe(lp.model) if cfg["diagnostics"]["enabled"] and i in here else None
+        with probe or contextlib.nullcontext():
+            loss = train_step(lp.net, micro, lp.opt, lp.meters[0], lp.ranks > 1)
+        lp.sched.step()
+        lp.step += 1
+        bar.update(1)
+        if lp.step % cfg["log_every"] == 0 or i == spe or lp.step == lp.stop:
+            rec = log_train(lp, epoch, i, loss)
+            bar.set_postfix(loss=f"{rec['train/loss']:.3f}")
+            if lp.stopped == "diverged":
+                break
+        if i == spe and cfg["dist"]["bn_sync"] != "none":  # the epoch end, before evaluating
+            lp.clock.stop()
+            lp.synced = sync_bn_stats(lp.net, cfg["dist"]["bn_sync"])
+            lp.clock.start()
+        if i in here:
+            evaluate_now(lp, epoch, i, probe)
+        if request.pending(lp.env):
+            lp.checkpoint(epoch, i)
+            lp.stopped, lp.stop_step = "preempted", lp.step
+            break
+        if every and lp.step % every == 0 and i < spe:
+            lp.checkpoint(epoch, i)
+        if lp.step == lp.stop:
+            break
+    bar.close()
+    return i
 
-    def ckpt_at(epoch: int, i: int) -> None:
-        save_checkpoint(run_dir, cfg, model, opt, sched, meters, env, epoch, i, step)
 
+def end_epoch(lp: Loop, epoch: int) -> None:
+    """The epoch's metrics, PreciseBN when due, the console line and the checkpoint."""
+    cfg = lp.cfg
+    ep = {"step": lp.step, "epoch": epoch + 1, **lp.meters[1].reduce("train_epoch"),
+          "time/train_s": lp.clock.stop(),
+          **(lp.synced if cfg["dist"]["bn_sync"] != "none" else {})}
+    if precise_bn_due(cfg["precise_bn"], epoch, cfg["epochs"]):
+        ep.update(run_precise_bn(lp.model, cfg, lp.data, lp.val, lp.env, epoch))
+    lp.logger.log(ep, echo=False)
+    lp.last = {**lp.last, **ep}
+    dist.print0(f"epoch {epoch + 1}/{cfg['epochs']}  train/loss {ep['train_epoch/loss']:.4f}  "
+                f"val/acc {lp.last.get('val/acc', float('nan')):.2f}")
+    if cfg["checkpoint"]:
+        lp.checkpoint(epoch + 1, 0)
+    lp.clock.start()
+
+
+def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
+        resuming: bool = False) -> dict:
+    """Train one run; rank 0 writes everything under `run_dir`. Returns the final metrics,
+    with `stopped` = completed | diverged | preempted and the step."""
+    run_dir = Path(run_dir)
+    lp, epoch0, start = setup(cfg, run_dir, env, meta, resuming)
+    lp.clock.start()
     with StopRequest() as request:
         for epoch in range(epoch0, cfg["epochs"]):
-            if step >= stop:
+            if lp.step >= lp.stop:
                 break
-            set_epoch(model, epoch)
-            net.train()
-            first = start if epoch == epoch0 else 0
-            here = evals if dense(cfg, epoch) else {spe}
-            bar = tqdm(total=spe, initial=first, desc=f"epoch {epoch + 1}/{cfg['epochs']}",
-                       leave=False, disable=not (env.is_main and cfg["progress"]),
-                       dynamic_ncols=True)
-            for i, micro in enumerate(loader.epoch(epoch, first), start=first + 1):
-                probe = GapProbe(model) if diag and i in here else None
-                with probe or contextlib.nullcontext():
-                    loss = train_step(net, micro, opt, step_meter, ranks > 1)
-                sched.step()
-                step += 1
-                bar.update(1)
-                if step % cfg["log_every"] == 0 or i == spe or step == stop:
-                    elapsed = clock.stop()
-                    epoch_meter.t += step_meter.t  # every step of the epoch passes through here
-                    rec = {"step": step, "epoch": epoch + i / spe,
-                           "lr": opt.param_groups[0]["lr"], **step_meter.reduce("train"),
-                           # rank 0's last loss: the sparse sample a naive logger shows
-                           "train/loss_rank0": float(loss),
-                           "images_per_s": (step - step_logged) * images_per_step
-                           / max(elapsed - t_logged, 1e-9)}
-                    t_logged, step_logged = elapsed, step
-                    logger.log(rec, echo=False)
-                    bar.set_postfix(loss=f"{rec['train/loss']:.3f}")
-                    clock.start()
-                    # The same reduced value on every rank, so every rank stops together.
-                    if not math.isfinite(rec["train/loss"]) and cfg["on_nan"] == "stop":
-                        stopped, stop_step = "diverged", step
-                        break
-                if i == spe and bn_sync != "none":  # the epoch end, before its evaluation
-                    clock.stop()
-                    synced = sync_bn_stats(net, bn_sync)
-                    clock.start()
-                if i in here:
-                    clock.stop()
-                    at = epoch + i / spe
-                    last = {"step": step, "epoch": at,
-                            **evaluation(model, cfg, data, val, env, preds, step, at)}
-                    if diag:
-                        last.update(bn_health(model, cfg, data, val, env, probe))
-                    logger.log(last, echo=False)
-                    clock.start()
-                if request.pending(env):
-                    ckpt_at(epoch, i)
-                    stopped, stop_step = "preempted", step
-                    break
-                if every and step % every == 0 and i < spe:
-                    ckpt_at(epoch, i)
-                if step == stop:
-                    break
-            bar.close()
-            if stopped != "completed" or (step == stop and i < spe):
+            i = train_epoch(lp, epoch, start if epoch == epoch0 else 0, request)
+            if lp.stopped != "completed" or (lp.step == lp.stop and i < lp.spe):
                 break
-            ep = {"step": step, "epoch": epoch + 1, **epoch_meter.reduce("train_epoch"),
-                  "time/train_s": clock.stop(), **(synced if bn_sync != "none" else {})}
-            if precise_bn_due(cfg["precise_bn"], epoch, cfg["epochs"]):
-                ep.update(run_precise_bn(model, cfg, data, val, env, epoch))
-            logger.log(ep, echo=False)
-            last = {**last, **ep}
-            dist.print0(f"epoch {epoch + 1}/{cfg['epochs']}  "
-                        f"train/loss {ep['train_epoch/loss']:.4f}  "
-                        f"val/acc {last.get('val/acc', float('nan')):.2f}")
-            if cfg["checkpoint"]:
-                ckpt_at(epoch + 1, 0)
-            clock.start()
-    logger.close()
-    preds.close()
+            end_epoch(lp, epoch)
+    lp.logger.close()
+    lp.preds.close()
     if env.is_main:
-        detail = {"signal": request.signum} if stopped == "preempted" else {}
-        set_status(run_dir, stopped, step=stop_step or step, **detail)
-    return {**last, "stopped": stopped, "step": stop_step or step}
+        detail = {"signal": request.signum} if lp.stopped == "preempted" else {}
+        set_status(run_dir, lp.stopped, step=lp.stop_step or lp.step, **detail)
+    return {**lp.last, "stopped": lp.stopped, "step": lp.stop_step or lp.step}
