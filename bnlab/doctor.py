@@ -290,8 +290,8 @@ def report(args: argparse.Namespace) -> int:
                          f"--world {args.world}.")
     if args.norm:
         from bnlab.norms import convert
-        convert(model, args.norm, **({"sync_group": args.sync_group} if args.sync_group
-                                     else {}))
+        convert(model, args.norm, skip=args.skip,
+                **({"sync_group": args.sync_group} if args.sync_group else {}))
     layers = measure(model, shape, args.world, args.batch_per_rank, args.norm,
                      args.sync_group, args.min_values, args.min_images)
     risky = [layer for layer in layers if layer.at_risk]
@@ -357,5 +357,8 @@ def add_parser(sub) -> None:
                    help=f"values per channel below which a layer is at risk (default {MIN_VALUES})")
     p.add_argument("--min-images", type=int, default=MIN_IMAGES,
                    help=f"samples below which a layer is at risk (default {MIN_IMAGES})")
+    p.add_argument("--skip", action="append", default=[], metavar="NAME",
+                   help="with --norm: a layer to leave as it is (repeatable; the names of "
+                        "model.named_modules(), as a refusal names them)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(run=report)

@@ -302,9 +302,13 @@ def _gn(bn, name, groups=32, cap_groups=False, eps=_KEEP):
     c = bn.num_features
     g = min(groups, c) if cap_groups else groups
     if c % g:
+        fix = "set norm.cap_groups=true (min(groups, channels) per layer) or choose" \
+            if c < groups else "choose"
+        best = max(d for d in range(1, g + 1) if c % d == 0)
         raise BnlabError(
             f"norm.groups={groups} does not divide the {c} channels of layer '{name}'; "
-            f"choose a divisor of every layer's channels or set norm.cap_groups=true."
+            f"{fix} a group count that divides every layer's channels (here at most {best}; "
+            "python -m bnlab doctor names one for the whole model)."
         )
     return _group_norm(bn, g, eps)
 
@@ -346,7 +350,8 @@ def _refuse_unknown(bn: _BatchNorm, name: str) -> None:
     if what:
         raise BnlabError(
             f"layer '{name}' is a {type(bn).__name__}, a BatchNorm subclass with {what} that "
-            f"converting would drop; pass skip=['{name}'] to leave it as it is, or replace it "
+            f"converting would drop; pass skip=['{name}'] to convert() (the doctor: --skip "
+            f"{name}) to leave it as it is, or replace it "
             f"by a plain BatchNorm (and its extra parts as their own modules) first."
         )
 
@@ -361,8 +366,11 @@ def _refuse_ddp(model: nn.Module, what: str) -> None:
 
 def _swap(model: nn.Module, pick: Callable[[nn.Module, str], nn.Module | None]) -> nn.Module:
     """Replace, depth first, every module for which `pick` returns a new one (a module that
-    two parents share is replaced once, and stays shared)."""
+    two parents share is replaced once, and stays shared). All or nothing: every replacement
+    is made before any is put in place, so a `pick` that refuses a layer leaves the model
+    exactly as it was."""
     done: dict[int, nn.Module] = {}
+    swaps: list[tuple[nn.Module, str, nn.Module]] = []
 
     def visit(module: nn.Module, name: str) -> nn.Module:
         if id(module) in done:
@@ -374,9 +382,13 @@ def _swap(model: nn.Module, pick: Callable[[nn.Module, str], nn.Module | None]) 
         for child_name, child in list(module.named_children()):
             new_child = visit(child, f"{name}.{child_name}" if name else child_name)
             if new_child is not child:
-                setattr(module, child_name, new_child)
+                swaps.append((module, child_name, new_child))
         return module
-    return visit(model, "")
+
+    out = visit(model, "")
+    for parent, child_name, new_child in swaps:
+        setattr(parent, child_name, new_child)
+    return out
 
 
 def convert(model: nn.Module, kind: str, *, skip: Iterable[str] = (), **opts) -> nn.Module:

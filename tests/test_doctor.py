@@ -149,3 +149,12 @@ def test_the_outputs_quoted_in_docs_library_are_current(capsys):
     for args, block in quoted:
         _, out, _ = _doctor(capsys, *args.split())
         assert out.rstrip("\n") == block, args
+
+
+def test_the_skip_a_refusal_advises_is_a_doctor_option(capsys, factory_dir):
+    """convert() refuses a fused BN subclass and names skip; the doctor takes it as --skip."""
+    code, _, err = _doctor(capsys, "--model", "mymodels:fused", "--norm", "syncbn")
+    assert code == 2 and "--skip 1" in err
+    code, out, _ = _doctor(capsys, "--model", "mymodels:fused", "--norm", "syncbn",
+                           "--skip", "1")
+    assert code in (0, 1) and "BatchNormAct2d" in out

@@ -257,3 +257,21 @@ def test_bad_calls_are_one_sentence():
     with pytest.raises(BnlabError, match="lazy BatchNorm that has not seen an input yet"):
         bnlab.convert(lazy, "syncbn")
     assert type(m[0]) is nn.BatchNorm2d  # nothing changed by a refused call
+
+
+def test_a_refused_conversion_leaves_the_model_exactly_as_it_was():
+    """All or nothing: the 32-channel layer converts, the 48-channel one is refused, and the
+    model keeps both BatchNorms (it was left half converted before)."""
+    import torch.nn as nn
+
+    from bnlab.norms import convert
+
+    model = nn.Sequential(nn.Conv2d(3, 32, 1), nn.BatchNorm2d(32), nn.Conv2d(32, 48, 1),
+                          nn.BatchNorm2d(48))
+    before = [type(m) for m in model.modules()]
+    with pytest.raises(BnlabError, match=r"48 channels of layer '3'; choose a group count .*"
+                                         r"\(here at most 24"):
+        convert(model, "gn")
+    assert [type(m) for m in model.modules()] == before
+    with pytest.raises(BnlabError, match="set norm.cap_groups=true"):  # 16 < 32: capping helps
+        convert(nn.Sequential(nn.Conv2d(3, 16, 1), nn.BatchNorm2d(16)), "gn")
