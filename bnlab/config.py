@@ -120,11 +120,40 @@ def max_local_ranks(device: str) -> int:
     return 4 * (os.cpu_count() or 1)
 
 
+def schema() -> dict:
+    """Every config key bnlab knows, as nested dicts: configs/train.yaml's own keys and, under
+    each group, the keys of all its options (configs/<group>/*.yaml)."""
+    import yaml
+
+    from bnlab.paths import CONFIGS
+
+    out = {k: v for k, v in yaml.safe_load((CONFIGS / "train.yaml").read_text()).items()
+           if k not in ("defaults", "hydra")}
+    for group in sorted(p for p in CONFIGS.iterdir() if p.is_dir() and p.name != "experiment"):
+        merged: dict = {}
+        for f in sorted(group.glob("*.yaml")):
+            merged.update(yaml.safe_load(f.read_text()) or {})
+        out[group.name] = merged
+    return out
+
+
+def check_keys(cfg: dict, known: dict, prefix: str = "") -> None:
+    """A key no config file declares (a typo after `+`) is refused, not silently ignored."""
+    for k, v in cfg.items():
+        if k not in known:
+            raise BnlabError(f"{prefix}{k} is not a bnlab config key (a misspelling after +?); "
+                             f"the keys are declared in configs/ (`python train.py --cfg job` "
+                             "lists them).")
+        if isinstance(v, dict) and isinstance(known[k], dict):
+            check_keys(v, known[k], f"{prefix}{k}.")
+
+
 def validate(cfg: dict, here: bool = True) -> None:
     """Reject invalid values with one sentence; nothing has been created yet. `here=False`
     (a config composed to be run on another machine: a SLURM sweep's cells on the machine
     that submits them) leaves out what only the machine that trains can check: CUDA, and
     how many local ranks it can run."""
+    check_keys(cfg, schema())
     _pos_int(cfg, "batch_per_gpu", "a positive integer (images per rank per micro-batch)")
     _pos_int(cfg, "grad_accum", "a positive integer (micro-batches per optimizer step)")
     _pos_int(cfg, "max_steps", "a whole number of optimizer steps (0 = all epochs)", minimum=0)
@@ -232,9 +261,19 @@ def validate(cfg: dict, here: bool = True) -> None:
     _choice(cfg, "precise_bn.estimator", ESTIMATORS)
     _choice(cfg, "precise_bn.pooling", POOLINGS)
     _pos_int(cfg, "precise_bn.num_samples")
+    if precise_bn_runs(cfg):
+        one = cfg["precise_bn"]["batch"] * world_size(cfg)
+        _need(cfg["precise_bn"]["num_samples"] >= one, "precise_bn.num_samples",
+              f"at least one PreciseBN batch over all ranks ({one} images; or lower "
+              "precise_bn.batch)", cfg["precise_bn"]["num_samples"])
     _pos_int(cfg, "precise_bn.batch", "a positive integer (PreciseBN images per rank per batch)")
     _need(isinstance(cfg["precise_bn"]["augment"], bool), "precise_bn.augment", "true or false",
           cfg["precise_bn"]["augment"])
+
+
+def precise_bn_runs(cfg: dict) -> bool:
+    """Whether PreciseBN runs during training (every few epochs or at the end)."""
+    return cfg["precise_bn"]["every"] > 0 or cfg["precise_bn"]["at_end"]
 
 
 def world_size(cfg: dict) -> int:

@@ -127,17 +127,22 @@ def ensure_cifar10(root: Path, download: bool) -> None:
         return
     if not download:
         raise BnlabError(cifar_missing_message(root) + " (data.download=false)")
+    made = [p for p in (root, *root.parents) if not p.exists()]  # what a failure removes
+    lock_path = root / ".bnlab-download.lock"
     try:
         root.mkdir(parents=True, exist_ok=True)
-        with open(root / ".bnlab-download.lock", "w") as lock:
+        with open(lock_path, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not cifar_present(root):
                 from torchvision.datasets import CIFAR10
 
                 CIFAR10(str(root), train=True, download=True)
-    except BnlabError:
-        raise
     except Exception:
+        if not cifar_present(root):  # leave nothing behind: no lock, no empty folders
+            lock_path.unlink(missing_ok=True)
+            for p in made:
+                if p.is_dir() and not any(p.iterdir()):
+                    p.rmdir()
         raise BnlabError(cifar_missing_message(root)) from None
 
 

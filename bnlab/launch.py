@@ -19,6 +19,7 @@ from bnlab import dist, precheck, resume, trainer
 from bnlab.config import check_data, validate, world_size
 from bnlab.diagnostics import at_risk, risk_message
 from bnlab.errors import BnlabError
+from bnlab.metrics import summary
 from bnlab.norms import RankBatchNorm, bn_value_counts
 from bnlab.rundir import read_status, set_status
 
@@ -139,7 +140,7 @@ def main(cfg: DictConfig) -> dict:
         result = worker(c, str(run_dir), meta, resuming)
     if not result["ok"]:
         fail(result["error"], run_dir if not resuming else None, Path(c["output_dir"]))
-    dist.print0(f"run directory: {run_dir}")
+    dist.print0(summary(run_dir, result))
     stopped = result.get("stopped")
     if stopped == "diverged":
         dist.print0(f"bnlab: training diverged (non-finite loss) at step {result['step']}; the "

@@ -67,7 +67,7 @@ class MetricsLogger:
         self.run = None
         if not enabled:
             return
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = Path(run_dir) / METRICS
         self.file = open(self.path, "a", buffering=1)  # noqa: SIM115 (closed in close())
         if wandb_cfg and wandb_cfg.get("enabled"):
             import wandb
@@ -117,6 +117,7 @@ def read_jsonl(path: Path) -> list[dict]:
 # Per-example predictions: one line per evaluation, a separate file beside metrics.jsonl
 
 PREDICTIONS = "predictions.jsonl"
+METRICS = "metrics.jsonl"
 
 
 def encode_classes(classes: torch.Tensor | np.ndarray) -> str:
@@ -169,3 +170,37 @@ def read_predictions(path: Path) -> tuple[np.ndarray, dict[str, tuple[list[float
     if labels is None:
         raise ValueError(f"{path} holds no labels line")
     return labels, {k: (e, np.stack(r)) for k, (e, r) in by_kind.items()}
+
+
+def summary(run_dir: Path, result: dict) -> str:
+    """The run on one screen: how it ended, the last val acc, its jitter beside the test
+    set's floor, the training time, and where its files are (read back from metrics.jsonl)."""
+    from bnlab import jitter
+
+    rows = [r for r in read_jsonl(Path(run_dir) / METRICS) if "val/acc" in r]
+    n_val = result.get("val_images")
+    accs = [r["val/acc"] for r in rows]
+    sched = result.get("schedule")
+    cut = f", max_steps: the schedule spans {sched}" if sched and result.get("steps") != sched \
+        else ""
+    lines = [f"bnlab: {result.get('stopped', 'done')} at step {result.get('step')} of "
+             f"{result.get('steps', '?')}{cut}"
+             + (f" (epoch {rows[-1]['epoch']:.2f})" if rows else "")]
+    if rows:
+        loss = rows[-1].get("val/loss", float("nan"))
+        lines.append(f"  val acc {accs[-1]:.2f}% (loss {loss:.3f}) after {len(accs)} "
+                     "evaluation(s)")
+        tail = accs[-jitter.MIN_EVALS * 2:]
+        if len(tail) >= jitter.MIN_EVALS and n_val:
+            lines.append(f"  jitter over the last {len(tail)} evaluations: "
+                         f"{jitter.von_neumann_sd(tail):.2f} points (von Neumann sd), beside "
+                         f"{jitter.binomial_floor(accs[-1], n_val):.2f} from the {n_val} "
+                         "validation images alone")
+    if result.get("train_s") is not None:
+        lines.append(f"  training time of this launch {result['train_s']:.1f} s (evaluation "
+                     "excluded)")
+    files = [f.name for f in sorted(Path(run_dir).iterdir()) if f.is_file()]
+    lines.append(f"  run directory {run_dir}: {', '.join(files)}")
+    if "checkpoint.pt" in files:
+        lines.append(f"  evaluate it: python evaluate.py run={run_dir}")
+    return "\n".join(lines)

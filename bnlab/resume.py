@@ -38,13 +38,29 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def extends(run_dir: Path, st: dict, cfg: dict) -> bool:
+    """A run that max_steps ended early goes on when launched again with more steps (a larger
+    max_steps, or 0 for every epoch) from the checkpoint it left."""
+    if "max_steps" not in st or not (Path(run_dir) / checkpoint.CHECKPOINT).is_file():
+        return False
+    return cfg["max_steps"] == 0 or cfg["max_steps"] > st.get("step", 0)
+
+
 def plan(run_dir: Path, cfg: dict) -> bool:
     """Whether this launch resumes the run in `run_dir` (False: a fresh run). Refuses, with
-    one sentence, a directory whose run is finished, still running, or another experiment."""
+    one sentence, a directory whose run is finished (unless max_steps ended it and this launch
+    asks for more), still running, or another experiment."""
     st = read_status_full(run_dir)
     if st is None:
         return False
     status = st.get("status")
+    if status == "completed" and extends(run_dir, st, cfg):
+        return True
+    if status == "completed" and "max_steps" in st:
+        raise BnlabError(f"the run directory {run_dir} holds a run that max_steps ended at "
+                         f"step {st.get('step')}; raise max_steps (or set max_steps=0 for every "
+                         "epoch) to extend it from its checkpoint, or choose another "
+                         "hydra.run.dir.")
     if status == "completed":
         raise BnlabError(f"the run directory {run_dir} already holds a completed run; choose "
                          "another hydra.run.dir (a finished run is never overwritten).")

@@ -226,7 +226,8 @@ def bn_health(model: nn.Module, cfg: dict, data: Dataset, val, env: dist.DistEnv
     if probe is not None:
         out.update(probe.result())
     batch = cfg["diagnostics"]["train_mode_batch"] or cfg["batch_per_gpu"]
-    out.update(train_mode_accuracy(model, data, val, env, batch))
+    if batch > 1:  # one image alone: BN in train mode has nothing to normalize it with
+        out.update(train_mode_accuracy(model, data, val, env, batch))
     return out
 
 
@@ -332,6 +333,11 @@ def setup(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None,
             f"({loader.global_micro * cfg['grad_accum']} images); "
             "lower batch_per_gpu or grad_accum."
         )
+    per_step = loader.global_micro * cfg["grad_accum"]
+    if len(data.train) % per_step:
+        dist.print0(f"bnlab: note: {len(data.train) % per_step} of the {len(data.train)} training "
+                    f"images do not fill an optimizer step of {per_step} and are left out of each "
+                    "epoch (different ones each epoch: the order is reshuffled).")
     evals = eval_points(spe, cfg["eval_every"])  # dense epochs; the others evaluate at the end
     opt, sched = build_optimizer(cfg["optim"], model, spe, cfg["epochs"])
     meters = [Meter(env.device), Meter(env.device)]
@@ -461,6 +467,15 @@ def end_epoch(lp: Loop, epoch: int) -> None:
     lp.clock.start()
 
 
+def cut_short(lp: Loop, epoch: int, i: int) -> None:
+    """max_steps ended training within an epoch: evaluate there (unless that step just did)
+    and checkpoint, so the run leaves something to look at and can be extended."""
+    if lp.last.get("step") != lp.step:
+        evaluate_now(lp, epoch, i, None)
+    if lp.cfg["checkpoint"]:
+        lp.checkpoint(epoch, i)
+
+
 def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
         resuming: bool = False) -> dict:
     """Train one run; rank 0 writes everything under `run_dir`. Returns the final metrics,
@@ -473,12 +488,19 @@ def run(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None = None,
             if lp.step >= lp.stop:
                 break
             i = train_epoch(lp, epoch, start if epoch == epoch0 else 0, request)
-            if lp.stopped != "completed" or (lp.step == lp.stop and i < lp.spe):
+            if lp.stopped != "completed":
+                break
+            if lp.step == lp.stop and i < lp.spe:  # max_steps within the epoch
+                cut_short(lp, epoch, i)
                 break
             end_epoch(lp, epoch)
     lp.logger.close()
     lp.preds.close()
     if env.is_main:
         detail = {"signal": request.signum} if lp.stopped == "preempted" else {}
+        if lp.stopped == "completed" and lp.stop < lp.spe * cfg["epochs"]:
+            detail["max_steps"] = lp.stop  # a larger max_steps (or 0) extends it later
         set_status(run_dir, lp.stopped, step=lp.stop_step or lp.step, **detail)
-    return {**lp.last, "stopped": lp.stopped, "step": lp.stop_step or lp.step}
+    return {**lp.last, "stopped": lp.stopped, "step": lp.stop_step or lp.step,
+            "steps": lp.stop, "schedule": lp.spe * cfg["epochs"], "train_s": lp.clock.total,
+            "val_images": len(lp.data.val)}

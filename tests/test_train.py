@@ -266,3 +266,31 @@ def test_sparse_evaluation_before_the_plateau_and_a_larger_image_size(tmp_path):
     assert evals == [1, 2, 2.25, 2.5, 2.75, 3, 3.25, 3.5, 3.75, 4]
     counts = bn_value_counts(trainer.build_net(cfg), 4, (3, 64, 64))
     assert counts["layer4.1.bn2"] == 4 * 2 * 2 and counts["bn1"] == 4 * 32 * 32
+
+
+def test_three_simulated_ranks_of_one_image_train_and_say_which_images_are_left_out(tmp_path):
+    """The refusal for norm=bn at 1 image per rank recommends syncbn over ranks: that run
+    trains (its BN-health probe once crashed on a train-mode batch of 1), and the images that
+    do not fill a step are named, not dropped silently."""
+    r = _train(tmp_path, "model=resnet18", "dist.simulate=3", "batch_per_gpu=1", "norm=syncbn",
+               "diagnostics.enabled=true")
+    assert "1 of the 256 training images do not fill an optimizer step of 3" in r.stdout
+
+
+def test_a_short_run_leaves_an_evaluation_a_checkpoint_and_a_summary_and_can_be_extended(
+        tmp_path):
+    """max_steps within the first epoch: evaluated and checkpointed there, a summary printed,
+    the same command is refused with the way out, and a larger max_steps goes on from its
+    checkpoint."""
+    d = tmp_path / "short"
+    r = _train(tmp_path, "max_steps=5", f"hydra.run.dir={d}")
+    assert "bnlab: completed at step 5 of 5, max_steps: the schedule spans 32" in r.stdout
+    assert "evaluate it: python evaluate.py run=" in r.stdout
+    assert json.loads((d / "status.json").read_text())["max_steps"] == 5
+    assert [row["step"] for row in read_jsonl(d / "metrics.jsonl") if "val/acc" in row] == [5]
+    assert (d / "checkpoint.pt").is_file()  # what evaluate.py run=<d> reads
+    again = run_entry("train.py", *SMOKE, "max_steps=5", f"hydra.run.dir={d}", cwd=tmp_path)
+    assert again.returncode == 2 and "raise max_steps" in again.stderr
+    _train(tmp_path, "max_steps=0", f"hydra.run.dir={d}")
+    status = json.loads((d / "status.json").read_text())
+    assert status["status"] == "completed" and status["step"] == 32 and "max_steps" not in status
