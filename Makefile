@@ -11,7 +11,7 @@ export BNLAB_TEST_DATA ?= $(abspath ../shared/data/cifar10-mini)
 .DEFAULT_GOAL := help
 .PHONY: help install test test-gpu test-slurm test-slow lint demo bench perf-doc clean table-jitter table-batch table-ranks \
 	tables report table-pitfalls figure-losslog table-evalmode table-rankstats table-sync \
-	table-precisebn layout table-lrpilot table-plateau table-decompose table-pilot
+	table-precisebn layout table-lrpilot table-plateau table-decompose table-pilot table-lr table-fixes table-values
 JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 # make table-X runs bnlab/claims/X.py: its sweep (DATA, JOBS, RUNS), what it measures, experiments/X/
 # LAUNCH: where the sweep's runs go (default this machine), e.g. LAUNCH="--launcher slurm
@@ -54,13 +54,13 @@ bench: install ## benchmarks (quiet machine, ~15 min; ONLY=sim,syncbn,...) + doc
 perf-doc: install ## docs/performance.md from benchmarks/results/*.json (no measuring)
 	$(PY) benchmarks/perfdoc.py
 
-table-jitter: install ## C1 C4 C6 C8 C9: sweep (DATA=<cifar dir>, JOBS=N) + real-DDP check + experiments/jitter/
+table-jitter: install ## the short protocol's jitter at 4x2 (history) + real-DDP check -> experiments/jitter/
 	$(CLAIMS) jitter
 
 table-batch: install ## C2 L1: val acc by images per rank -> experiments/batch/
 	$(CLAIMS) batch
 
-table-ranks: install ## C3 C5: 1 rank vs 4, grad accumulation -> experiments/ranks/
+table-ranks: install ## C5: grad accumulation; 1 rank vs 4 (C3's history) -> experiments/ranks/
 	$(CLAIMS) ranks
 
 tables: install ## all three sweeps in one pool (shared cells run once), then every table
@@ -72,10 +72,19 @@ table-lrpilot: install ## the headline protocol's learning rate, by its stated r
 table-pilot: install ## the headline protocol's choices (lr, gn groups, freeze point) on 1,000 held-out images -> experiments/pilot/
 	$(CLAIMS) pilot
 
-table-plateau: install ## C1 C4 C6 C9 on the headline protocol: detrended jitter, floors, 5 seeds (hours) -> experiments/plateau/
+table-lr: install ## C1 C3 C4 on the settled protocol: the learning-rate crossover, statistics vs weights (hours) -> experiments/lr/
+	$(CLAIMS) lr
+
+table-fixes: install ## C6 C8 C9 on the settled protocol: PreciseBN, gn, frozen BN at the chosen rate (hours) -> experiments/fixes/
+	$(CLAIMS) fixes
+
+table-values: install ## where BN breaks: accuracy and jitter against values per channel (hours) -> experiments/values/
+	$(CLAIMS) values
+
+table-plateau: install ## history: the first headline protocol (lr 0.1): detrended jitter, floors, 5 seeds -> experiments/plateau/
 	$(CLAIMS) plateau
 
-table-decompose: install ## C8, and why BN jitters: the same weights with EMA, PreciseBN and batch statistics -> experiments/decompose/
+table-decompose: install ## history: the first headline protocol's weights evaluated with EMA, PreciseBN and batch statistics -> experiments/decompose/
 	$(CLAIMS) decompose
 
 table-evalmode: install ## C10: eval vs train mode from checkpoints (DATA=<cifar dir>) -> experiments/evalmode/

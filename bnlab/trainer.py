@@ -338,6 +338,7 @@ def setup(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None,
         dist.print0(f"bnlab: note: {len(data.train) % per_step} of the {len(data.train)} training "
                     f"images do not fill an optimizer step of {per_step} and are left out of each "
                     "epoch (different ones each epoch: the order is reshuffled).")
+    dist.print0(essentials(cfg, data, env))
     evals = eval_points(spe, cfg["eval_every"])  # dense epochs; the others evaluate at the end
     opt, sched = build_optimizer(cfg["optim"], model, spe, cfg["epochs"])
     meters = [Meter(env.device), Meter(env.device)]
@@ -364,6 +365,22 @@ def setup(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None,
                 data.val.to(env.device), meters, logger, preds, Clock(env.device), step=step,
                 logged=(0.0, step))
     return loop, epoch0, start
+
+
+def essentials(cfg: dict, data: Dataset, env: dist.DistEnv) -> str:
+    """The run in one line, at its start: what trains on what, at which rate, for how long."""
+    sim, o, d = cfg["dist"]["simulate"], cfg["optim"], cfg["data"]
+    ranks = f"{env.world * sim} ranks" + (" (simulated)" if sim > 1 else "") \
+        if env.world * sim > 1 else "1 rank"
+    accum = f" x {cfg['grad_accum']} accumulated" if cfg["grad_accum"] > 1 else ""
+    warm = f", {o['warmup_epochs']:g} warmup epochs" if o["warmup_epochs"] else ""
+    held = f"{d.get('holdout', 0)} held-out training images" if d.get("holdout") else "test"
+    size = f" at {data.size} px" if data.size != 32 else ""
+    return (f"bnlab: {cfg['model']['name']}, {cfg['norm']['kind']}, {ranks} x "
+            f"{cfg['batch_per_gpu']} images{accum}; {o.get('name', 'sgd')} lr {o['lr']:g} "
+            f"({o['schedule']}{warm}), {cfg['epochs']} epochs; {d['name']}: "
+            f"{len(data.train)} training images{size}, validation on {len(data.val)} ({held}); "
+            f"{env.device}")
 
 
 def warn_bn_sync(cfg: dict, ranks: int) -> None:

@@ -284,6 +284,8 @@ def test_a_short_run_leaves_an_evaluation_a_checkpoint_and_a_summary_and_can_be_
     checkpoint."""
     d = tmp_path / "short"
     r = _train(tmp_path, "max_steps=5", f"hydra.run.dir={d}")
+    assert "bnlab: resnet20, bn, 1 rank x 8 images; sgd lr 0.1 (cosine), 1 epochs; cifar10: " \
+        "256 training images, validation on 128 (test); cpu" in r.stdout  # the run, up front
     assert "bnlab: completed at step 5 of 5, max_steps: the schedule spans 32" in r.stdout
     assert "evaluate it: python evaluate.py run=" in r.stdout
     assert json.loads((d / "status.json").read_text())["max_steps"] == 5

@@ -15,8 +15,10 @@ from bnlab.claims import (
     batch,
     decompose,
     evalmode,
+    fixes,
     jitter,
     losslog,
+    lr,
     lrpilot,
     pilot,
     pitfalls,
@@ -25,12 +27,13 @@ from bnlab.claims import (
     ranks,
     rankstats,
     sync,
+    values,
 )
 from bnlab.lab import table
 
 TABLES: dict[str, table.Table] = {m.TABLE.name: m.TABLE for m in (
     jitter, batch, ranks, evalmode, rankstats, sync, precisebn, losslog, pitfalls, lrpilot, plateau,
-    decompose, pilot)}
+    decompose, pilot, lr, fixes, values)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""`make table-decompose`: why BN jitters. The same weights evaluated three ways at every
+"""`make table-decompose` (the first headline protocol's history; its C8 rule now lives in
+table-fixes, its split in table-lr): why BN jitters. The same weights evaluated three ways at every
 evaluation, and the jitter split into the weights' part and the statistics' part.
 
     python -m bnlab.claims decompose --data DIR --jobs 2   # sweep (shared with plateau), table
@@ -148,55 +149,9 @@ def plot(d: RunsData, path: Path) -> None:
     save(fig, path, "Statistics or weights? resnet20, 4 ranks x 2 images")
 
 
-# ----------------------------------------------------------------------------------------
-# C8 on the headline protocol (the rule written before these runs finished)
-
-MIN_SEEDS = 3
-
-
-def c8_cell(c: CellResult | None) -> tuple[str, str]:
-    """One cell's outcome: reproduced if PreciseBN gains 1+ point on average and in every seed;
-    partly if it gains on average and in most seeds; else not reproduced."""
-    g = gains(c)
-    if c is None or len(c.runs) < MIN_SEEDS:
-        return "not run yet", f"{c.cell.label if c else '?'}: fewer than {MIN_SEEDS} seeds"
-    if len(g) < MIN_SEEDS:  # added after 1fc01e2, before any run diverged
-        return "untestable", (f"{c.cell.label}: {len(g)} of {len(c.runs)} finished seeds have "
-                              f"a gain ({c.diverged} diverged; the rest lack epoch-end "
-                              f"decompositions); the rule of 1fc01e2 gives not run yet")
-    s, up = Stat.of(g), sum(x > 0 for x in g)
-    text = (f"{c.cell.label}: {s.mean:+.2f} ± {s.std:.2f} points, up in {up} of {len(g)} seeds "
-            f"({', '.join(f'{x:+.2f}' for x in g)})")
-    if s.mean >= 1 and up == len(g):
-        return "reproduced", text
-    if s.mean > 0 and up > len(g) / 2:
-        return "partly", text
-    return "not reproduced", text
-
-
-def c8(d: RunsData) -> Verdict:
-    out = {c.cell.label: c8_cell(c) for c in d.cells}
-    got = [o for o, _ in out.values() if o not in ("not run yet", "untestable")]
-    v = "not run yet" if any(o == "not run yet" for o, _ in out.values()) else \
-        "untestable" if not got else "reproduced" if all(
-        o == "reproduced" for o in got) else "partly" if any(
-        o in ("reproduced", "partly") for o in got) else "not reproduced"
-    return Verdict("C8", "make table-decompose", "PreciseBN improves val acc",
-                   "gain of PreciseBN statistics over the running ones on the same weights, at "
-                   "each epoch end of the plateau (mean per seed): " +
-                   "; ".join(t for _, t in out.values()), v,
-                   f"Per cell: {', '.join(f'{k} {o}' for k, (o, _) in out.items())}. Rule "
-                   "(per cell, resnet20 bn and syncbn at 4x2, paired on each seed's own "
-                   "weights): reproduced if +1 point or more on average and up in every seed; "
-                   "partly if up on average and in most seeds; the claim is reproduced if both "
-                   "cells reproduce it, partly if one does or either is partly; a cell with "
-                   f"fewer than {MIN_SEEDS} seeds left after divergence is untestable and left "
-                   "out (added after 1fc01e2, before any run diverged).")
-
-
 def verdicts(d: RunsData) -> list[Verdict]:
-    return [c8(d)]  # the mechanism itself is measured, not ruled; C1 and C6: table-plateau
+    """None: the first headline protocol's history; C8 is ruled once, in table-fixes."""
+    return []
 
 
-TABLE = table.Table("decompose", ("C8",), table.runs_data, render, verdicts, plot,
-                    block="plateau", headline="decompose.png")
+TABLE = table.Table("decompose", (), table.runs_data, render, verdicts, plot, block="plateau")

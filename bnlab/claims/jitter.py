@@ -1,4 +1,5 @@
-"""`make table-jitter` (claims C1, C4, C6, C8, C9): val acc jitter at 4 ranks x 2 images.
+"""`make table-jitter`: val acc jitter at 4 ranks x 2 images on the short protocol (history: C1,
+C4, C6, C8 and C9 are ruled on the settled headline protocol, table-lr and table-fixes).
 
     python -m bnlab.claims jitter --data DIR --jobs 2   # sweep, real-DDP check, table
     python -m bnlab.claims jitter --report              # table from the runs' logs only
@@ -14,9 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from bnlab.lab import table
-from bnlab.lab.analysis import NO_LEARNING, Stat
 from bnlab.lab.figures import band, legend, mean_loss, plt, precise_points, save
-from bnlab.lab.results import CellResult, fmt, mean_of, missing, shown_stat, side_by_side
+from bnlab.lab.results import CellResult, fmt
 from bnlab.lab.table import RunsData, Verdict
 
 TITLES = {"main": "4 ranks x 2 images, torchvision resnet18",
@@ -119,145 +119,10 @@ def plot(d: RunsData, path: Path) -> None:
     save(fig, path, "Jitter under DDP with 2 images per rank (CIFAR-10)")
 
 
-# ----------------------------------------------------------------------------------------
-# The rules: each claim's verdict from the cells (label -> CellResult)
-
-
-def c1(j: dict[str, CellResult]) -> Verdict:
-    bn, sb = j.get("bn"), j.get("syncbn")
-    a, b = mean_of(bn, "swing"), mean_of(sb, "swing")
-    ours = "resnet18: " + side_by_side(bn, sb, "bn", "syncbn")
-    cbn, csb = j.get("resnet18_cifar bn"), j.get("resnet18_cifar syncbn")
-    if mean_of(cbn, "swing") is not None or mean_of(csb, "swing") is not None:
-        ours += f"; resnet18_cifar: swing bn ±{shown_stat(cbn)}, syncbn ±{shown_stat(csb)}"
-    if missing(a, b):
-        return Verdict("C1", "make table-jitter", "bn ±10, syncbn ±2", ours, "not run yet", "")
-    ratio = a / max(b, 1e-9)
-    v = "reproduced" if ratio >= 2 and a >= 5 else "partly" if ratio >= 1.5 else \
-        "not reproduced"
-    why = (f"bn swings {ratio:.1f}x as much as syncbn (rule: reproduced if >= 2x and bn >= ±5; "
-           "partly if >= 1.5x).")
-    fa = mean_of(bn, "final")
-    if fa is not None and fa < NO_LEARNING + 5:
-        why += (f" bn at 4x2 barely learns here (final val acc {fa:.1f}%), so its accuracy has "
-                "little room to swing: with torchvision's ImageNet stem a 32x32 image is 1x1 in "
-                "layer4, where BN normalizes over 2 values per channel.")
-    ca, cb, cf = mean_of(cbn, "swing"), mean_of(csb, "swing"), mean_of(cbn, "final")
-    if not missing(ca, cb, cf):
-        why += (f" With resnet18_cifar (layer4 4x4), where bn learns (final val acc {cf:.1f}%), "
-                f"bn swings {ca / max(cb, 1e-9):.1f}x as much as syncbn (not ruled on).")
-    return Verdict("C1", "make table-jitter", "bn ±10, syncbn ±2", ours, v, why)
-
-
-def c4(j: dict[str, CellResult]) -> Verdict:
-    pairs = {"augmentation off": ("bn, augmentation off", "syncbn, augmentation off"),
-             "lr 0.1": ("bn, reports' setting (lr 0.1 constant)",
-                        "syncbn, reports' setting (lr 0.1 constant)")}
-    parts, outcomes = [], []
-    for name, (bl, sl) in pairs.items():
-        bn, sb = j.get(bl), j.get(sl)
-        a, b = mean_of(bn, "swing"), mean_of(sb, "swing")
-        fa, fb = mean_of(bn, "final"), mean_of(sb, "final")
-        if missing(a, b, fa, fb):
-            parts.append(f"{name}: not run yet")
-            outcomes.append(None)
-            continue
-        parts.append(f"{name}: swing bn ±{shown_stat(bn)}, syncbn ±{shown_stat(sb)} (final acc "
-                     f"{fa:.1f} / {fb:.1f})")
-        if fb < NO_LEARNING:
-            outcomes.append("untestable")
-        else:
-            outcomes.append(a >= 1.5 * b)
-    if None in outcomes:
-        v, why = "not run yet", ""
-    elif outcomes == [True, True]:
-        v, why = "reproduced", "bn swings >= 1.5x syncbn in both variants."
-    elif True in outcomes:
-        v = "partly"
-        why = ("the effect survives with augmentation off; at lr 0.1 "
-               + ("syncbn does not learn either, so the swing there says nothing"
-                  if outcomes[1] == "untestable" else "it does not") + ".") \
-            if outcomes[0] is True else "the effect survives only at lr 0.1."
-    else:
-        v, why = "not reproduced", "bn does not swing >= 1.5x syncbn in the variants."
-    return Verdict("C4", "make table-jitter", "aug off / other lr do not remove it",
-                   "; ".join(parts), v, why)
-
-
-def c6(j: dict[str, CellResult]) -> Verdict:
-    bn, fr = j.get("bn"), j.get("frozen_bn (after epoch 1)")
-    a, b = mean_of(bn, "swing"), mean_of(fr, "swing")
-    ours = side_by_side(bn, fr, "bn", "frozen")
-    if missing(a, b):
-        return Verdict("C6", "make table-jitter", "frozen BN much steadier", ours,
-                       "not run yet", "")
-    v = "reproduced" if b <= a / 2 else "partly" if b < a else "not reproduced"
-    return Verdict("C6", "make table-jitter", "frozen BN much steadier", ours, v,
-                   "Rule: reproduced if frozen BN halves the swing; partly if it lowers it.")
-
-
-def c8(j: dict[str, CellResult]) -> Verdict:
-    pb = j.get("bn + PreciseBN every epoch")
-    gains = pb.paired("precise", "final") if pb is not None else []
-    g = Stat.of(gains)
-    ours = f"final acc with EMA statistics {shown_stat(pb, 'final')}, after PreciseBN " \
-           f"{shown_stat(pb, 'precise')}; gain on the same weights, per seed: " + \
-           (", ".join(f"{d:+.1f}" for d in gains) or "-") + \
-           ("" if g.mean is None else f" (mean {g.mean:+.1f}" +
-            (f" ± {g.std:.1f})" if g.std is not None else ")"))
-    if g.mean is None:
-        return Verdict("C8", "make table-jitter", "PreciseBN improves val acc", ours,
-                       "not run yet", "")
-    up = sum(d > 0 for d in gains)
-    v = "reproduced" if g.mean >= 1 and up == len(gains) else \
-        "partly" if g.mean > 0 and up > len(gains) / 2 else "not reproduced"
-    # Disclosed: this rule replaced, after the data was seen, one on the difference of the
-    # two means over seeds (commit 92543d7).
-    d = mean_of(pb, "precise") - mean_of(pb, "final")
-    old = "reproduced" if d >= 1 else "partly" if d > 0 else "not reproduced"
-    return Verdict("C8", "make table-jitter", "PreciseBN improves val acc", ours, v,
-                   f"PreciseBN raised the final val acc in {up} of {len(gains)} seeds, by "
-                   f"{g.mean:+.1f} points on average (rule, on each seed's own weights: "
-                   "reproduced if +1 or more on average and up in every seed; partly if up on "
-                   "average and in most seeds). This rule was written after the data was seen "
-                   "(commit 92543d7); the rule before it (difference of the means over seeds: "
-                   f">= +1 reproduced, > 0 partly) gives {old} ({d:+.1f}). Tested only on bn, "
-                   "which barely learns in this protocol.")
-
-
-def c9(j: dict[str, CellResult]) -> Verdict:
-    gn, sb, bn = j.get("gn (32 groups)"), j.get("syncbn"), j.get("bn")
-    g, s, b = mean_of(gn, "swing"), mean_of(sb, "swing"), mean_of(bn, "swing")
-    fg, fs = mean_of(gn, "final"), mean_of(sb, "final")
-    ours = f"swing gn ±{shown_stat(gn)}, syncbn ±{shown_stat(sb)}, bn ±{shown_stat(bn)}; " \
-           f"final acc gn {shown_stat(gn, 'final')} vs syncbn {shown_stat(sb, 'final')}"
-    if missing(g, s, b, fg, fs):
-        return Verdict("C9", "make table-jitter", "GN steadiest, close to SyncBN", ours,
-                       "not run yet", "")
-    steady = g <= min(s, b) * 1.1
-    close = fs - fg <= 5
-    v = "reproduced" if steady and close else "partly" if steady or close else \
-        "not reproduced"
-    return Verdict("C9", "make table-jitter", "GN steadiest, close to SyncBN", ours, v,
-                   "Rule: steadiest = swing within 10% of the lowest of bn and syncbn; close "
-                   f"= within 5 points of syncbn's final acc. Steadiest: {steady}, close: "
-                   f"{close}.")
-
-
-# Claims ruled again on the headline protocol, and the table that rules them there.
-HEADLINE = {"C1": "table-plateau", "C4": "table-plateau", "C6": "table-plateau",
-            "C9": "table-plateau", "C8": "table-decompose"}
-
-
 def verdicts(d: RunsData) -> list[Verdict]:
-    j = d.by_label
-    out = [rule(j) for rule in (c1, c4, c6, c8, c9)]
-    for v in out:
-        if v.claim in HEADLINE:
-            v.why = ("Short protocol (5 epochs, cosine decay: the window still rises, so the "
-                     "swing is mostly trend); the verdict on the headline protocol is "
-                     f"{HEADLINE[v.claim]}'s. " + v.why)
-    return out
+    """None: C1, C4, C6, C8 and C9 are ruled once, on the settled headline protocol
+    (table-lr, table-fixes); this table is their short protocol's history."""
+    return []
 
 
 def measure(ctx) -> dict:
@@ -269,5 +134,5 @@ def measure(ctx) -> dict:
     return res
 
 
-TABLE = table.Table("jitter", ("C1", "C4", "C6", "C8", "C9"), table.runs_data, render, verdicts,
-                    plot, measure=measure, saved="ddpcheck.json", block="claims")
+TABLE = table.Table("jitter", (), table.runs_data, render, verdicts, plot, measure=measure,
+                    saved="ddpcheck.json", block="claims")

@@ -367,4 +367,4 @@ def plot(d: RunsData, path: Path) -> None:
 
 
 TABLE = table.Table("lr", ("C1", "C3", "C4"), table.runs_data, render, verdicts, plot,
-                    block="settled")
+                    block="settled", headline="lr.png")

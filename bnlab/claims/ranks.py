@@ -1,5 +1,6 @@
-"""`make table-ranks` (claims C3, C5): one rank against four at the same global batch, and
-gradient accumulation.
+"""`make table-ranks` (claim C5; C3's short-protocol history): one rank against four at the
+same global batch, and gradient accumulation. C3 is ruled once, in table-lr (1 x 8 bn is
+syncbn at 4 x 2 exactly).
 
     python -m bnlab.claims ranks --data DIR --jobs 2   # sweep, then the table
     python -m bnlab.claims ranks --report              # table from the runs' logs only
@@ -13,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from bnlab.lab import table
-from bnlab.lab.analysis import NO_LEARNING
 from bnlab.lab.figures import band, legend, plt, save
 from bnlab.lab.results import CellResult, mean_of, missing, side_by_side
 from bnlab.lab.table import RunsData, Verdict
@@ -49,23 +49,6 @@ def plot(d: RunsData, path: Path) -> None:
 # The rules: each claim's verdict from the cells (label -> CellResult)
 
 
-def c3(cells: dict[str, CellResult]) -> Verdict:
-    one, four = cells.get("1 rank x 8"), cells.get("4 ranks x 2")
-    a, b = mean_of(one, "swing"), mean_of(four, "swing")
-    ours = side_by_side(one, four, "1x8", "4x2")
-    if missing(a, b):
-        return Verdict("C3", "make table-ranks", "1x8 far more stable than 4x2", ours,
-                       "not run yet", "")
-    v = "reproduced" if b >= 2 * a else "partly" if b >= 1.5 * a else "not reproduced"
-    why = (f"4x2 swings {b / max(a, 1e-9):.1f}x as much as 1x8 (rule: >= 2x reproduced, "
-           ">= 1.5x partly).")
-    fb = mean_of(four, "final")
-    if fb is not None and fb < NO_LEARNING + 5:
-        why += (f" 4x2 barely learns (final val acc {fb:.1f}%), so its swing says little; "
-                "1x8 normalizes over the same 8 images that syncbn at 4x2 does.")
-    return Verdict("C3", "make table-ranks", "1x8 far more stable than 4x2", ours, v, why)
-
-
 def c5(cells: dict[str, CellResult]) -> Verdict:
     acc, big = cells.get("4 ranks x 2 + grad_accum 4"), cells.get("4 ranks x 8")
     a, b = mean_of(acc, "swing"), mean_of(big, "swing")
@@ -81,7 +64,7 @@ def c5(cells: dict[str, CellResult]) -> Verdict:
 
 
 def verdicts(d: RunsData) -> list[Verdict]:
-    return [c3(d.by_label), c5(d.by_label)]
+    return [c5(d.by_label)]  # C3 is C1's computation: ruled once, in table-lr
 
 
-TABLE = table.Table("ranks", ("C3", "C5"), table.runs_data, render, verdicts, plot, block="claims")
+TABLE = table.Table("ranks", ("C5",), table.runs_data, render, verdicts, plot, block="claims")

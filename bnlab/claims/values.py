@@ -243,4 +243,5 @@ def verdicts(d: RunsData) -> list[Verdict]:
     return []  # no claim of CLAIMS.md is this curve; its findings are stated in table.md
 
 
-TABLE = table.Table("values", (), table.runs_data, render, verdicts, plot, block="settled")
+TABLE = table.Table("values", (), table.runs_data, render, verdicts, plot, block="settled",
+                    headline="values.png")

@@ -6,6 +6,7 @@ Each table's own plot lives beside it in bnlab/claims/<name>.py and uses these.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -15,14 +16,23 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from bnlab.lab.results import CellResult  # noqa: E402
 
-__all__ = ["plt", "save", "band", "precise_points", "mean_loss", "legend"]
+__all__ = ["plt", "save", "band", "precise_points", "mean_loss", "legend", "text_problems"]
+
+
+# Every figure saved in this process whose text a reader cannot read: (path, problem). The
+# report's test asserts it stays empty; save() also says so on stderr.
+PROBLEMS: list[tuple[str, str]] = []
 
 
 def save(fig, path: Path, title: str | None = None, dpi: int = 110) -> None:
-    """Give `fig` its title, lay it out, write it to `path` as PNG and free it."""
+    """Give `fig` its title, lay it out, check its text reads cleanly (text_problems), write it
+    to `path` as PNG and free it."""
     if title is not None:
         fig.suptitle(title)
     fig.tight_layout()
+    for problem in text_problems(fig):
+        PROBLEMS.append((str(path), problem))
+        print(f"bnlab: warning: figure {path}: {problem}", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
@@ -68,3 +78,48 @@ def legend(ax, size: int) -> None:
     """A legend when the axes drew anything labelled."""
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=size)
+
+
+def text_problems(fig) -> list[str]:
+    """Text in a drawn figure that a reader cannot read: a title, label, tick label or legend
+    entry that leaves the canvas, or two that overlap (tick labels of one axis with each other,
+    any text with a title). Empty when the figure reads cleanly."""
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    canvas = fig.bbox
+    texts = []  # (what, bbox)
+    if fig._suptitle is not None and fig._suptitle.get_text():
+        texts.append(("suptitle", fig._suptitle.get_window_extent(r)))
+    for i, ax in enumerate(fig.axes):
+        if not ax.get_visible():
+            continue
+        for name, t in (("title", ax.title), ("xlabel", ax.xaxis.label),
+                        ("ylabel", ax.yaxis.label)):
+            if t.get_text():
+                texts.append((f"axes {i} {name} {t.get_text()[:30]!r}", t.get_window_extent(r)))
+        for axis in (ax.xaxis, ax.yaxis):
+            lo, hi = sorted(axis.get_view_interval())
+            span = (hi - lo) * 1e-6
+            ticks = [t for t in axis.get_major_ticks()  # the drawn ones: inside the view
+                     if t.label1.get_visible() and t.label1.get_text()
+                     and lo - span <= t.get_loc() <= hi + span]
+            boxes = [(t.label1.get_text(), t.label1.get_window_extent(r)) for t in ticks]
+            for (a, ba), (b, bb) in zip(boxes, boxes[1:], strict=False):
+                if ba.overlaps(bb):
+                    texts.append((f"axes {i}: tick labels {a!r} and {b!r} overlap", None))
+            texts += [(f"axes {i} tick {a!r}", ba) for a, ba in boxes]
+        leg = ax.get_legend()
+        if leg is not None:
+            texts.append((f"axes {i} legend", leg.get_window_extent(r)))
+    out = [w for w, b in texts if b is None]
+    boxes = [(w, b) for w, b in texts if b is not None]
+    for w, b in boxes:
+        if b.x0 < canvas.x0 - 1 or b.y0 < canvas.y0 - 1 or b.x1 > canvas.x1 + 1 or \
+                b.y1 > canvas.y1 + 1:
+            out.append(f"{w} leaves the canvas")
+    titles = [(w, b) for w, b in boxes if "title" in w]
+    for w, b in titles:
+        for v, c in boxes:
+            if v != w and b.overlaps(c):
+                out.append(f"{w} overlaps {v}")
+    return out

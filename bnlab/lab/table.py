@@ -338,6 +338,8 @@ def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]]) ->
     in the claims' order. Where the tables are sweeps, the block also says how many of their
     runs have finished (verdicts are preliminary until all have) and their wall time together
     against the budget."""
+    if not any(t.claims for t, _ in built):
+        return  # history: tables kept for their numbers, whose claims are ruled elsewhere
     verdicts = sorted((v for t, d in built for v in t.verdicts(d)), key=claim_order)
     begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
     sweeps = [d for _, d in built if isinstance(d, RunsData)]

@@ -72,3 +72,33 @@ def test_nothing_is_chosen_while_a_candidate_lacks_seeds(tmp_path):
     assert pilot.choose(d, "lr")["value"] is None
     text = pilot.render(d)
     assert "**Chosen: -**" in text and "held out" in text
+
+
+def test_the_settled_sweeps_use_what_the_pilot_chose_from_the_committed_runs():
+    """experiments/lr, values, fixes and the pilot's own second stage run at the rate the
+    pilot's rule picks from its committed runs; fixes' gn and frozen BN use its other picks."""
+    from bnlab.lab.results import collect
+    from bnlab.lab.sweep import load_spec
+    from bnlab.paths import EXPERIMENTS
+
+    spec = load_spec(EXPERIMENTS / "pilot" / "sweep.yaml")
+    d = RunsData(spec, collect(spec, "cifar10-5085"), "cifar10-5085", None, None)
+    rate = pilot.choose(d, "lr")["value"]
+    assert rate is not None  # the pilot's runs are committed
+
+    def rates(name: str) -> list[float]:
+        raw = yaml.safe_load((EXPERIMENTS / name / "sweep.yaml").read_text())
+        return [float(dict(o.split("=", 1) for o in c["overrides"])["optim.lr"])
+                for c in raw["cells"] if c.get("choice", "") != "lr"]
+
+    assert yaml.safe_load((EXPERIMENTS / "lr" / "sweep.yaml").read_text())["chosen_lr"] == rate
+    assert rate in rates("lr")
+    assert set(rates("values")) == set(rates("fixes")) == set(rates("pilot")) == {rate}
+    fixes = yaml.safe_load((EXPERIMENTS / "fixes" / "sweep.yaml").read_text())["cells"]
+    for choice, fix, key in (("groups", "gn", "norm.groups"),
+                             ("freeze", "frozen_bn", "norm.freeze_after")):
+        pick = pilot.choose(d, choice)["value"]
+        cell = next((c for c in fixes if c["fix"] == fix), None)
+        if cell is not None:  # added once the pilot has chosen
+            assert pick is not None
+            assert float(dict(o.split("=", 1) for o in cell["overrides"])[key]) == pick

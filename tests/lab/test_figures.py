@@ -25,3 +25,21 @@ def test_the_precisebn_row_is_plotted_after_each_recalibration_not_as_a_second_e
     assert list(line.get_ydata()) == [25.0] and "after each recalibration (n=1)" in \
         ax.get_legend_handles_labels()[1][0]
     plt.close("all")
+
+
+def test_text_problems_finds_overlapping_ticks_and_text_off_the_canvas():
+    from bnlab.lab.figures import plt, text_problems
+
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.set_xticks(range(4), [f"a long category name {i}" for i in range(4)])
+    ax.set_title("a title far too long for a figure this narrow, running off its edges")
+    problems = text_problems(fig)
+    assert any("tick labels" in p and "overlap" in p for p in problems)
+    assert any("leaves the canvas" in p for p in problems)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([0, 1], [0, 1])
+    ax.set(title="fits", xlabel="x", ylabel="y")
+    fig.tight_layout()
+    assert text_problems(fig) == []
+    plt.close(fig)
