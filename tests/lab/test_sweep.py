@@ -18,17 +18,11 @@ import pytest
 
 from bnlab import dist, trainer
 from bnlab.errors import BnlabError
-from bnlab.lab.jobs import Slurm, TrainJob, executor
-from bnlab.lab.sweep import (
-    Cell,
-    Spec,
-    compose,
-    gpu_ids,
-    load_spec,
-    plan,
-    sweep,
-    train_job,
-)
+from bnlab.lab.jobs import TrainJob
+from bnlab.lab.local import executor, gpu_ids
+from bnlab.lab.slurm import Slurm
+from bnlab.lab.spec import Cell, Spec, compose, load_spec, plan
+from bnlab.lab.sweep import sweep, train_job
 from bnlab.paths import EXPERIMENTS, ROOT
 from bnlab.rundir import read_status, set_status
 from conftest import CIFAR_MINI, needs_cifar, run_entry
@@ -225,7 +219,7 @@ class Died:
 
 
 def test_a_job_that_died_during_a_stop_before_its_run_began_is_not_started(tmp_path):
-    from bnlab.lab.sweep import job_result
+    from bnlab.lab.jobs import job_result
 
     d = tmp_path / "cell" / "seed0"
     assert job_result(Died(), d, stopping=True) == ("not started", 0.0)
@@ -246,7 +240,7 @@ def test_a_preempted_local_job_checkpoints_is_requeued_and_resumes(tmp_path):
     spec = tiny_spec(tmp_path, num_train=512)
     root = tmp_path / "runs"
     (cell, seed, d), = plan(spec, "synthetic-512", root)[:1]
-    ex = executor("local", tmp_path / "submitit" / "%j")
+    ex = executor(tmp_path / "submitit" / "%j")
     job = ex.submit(train_job(cell, seed, d, None, 1, 1, []))
     deadline = time.monotonic() + 120
     while not (d / "metrics.jsonl").is_file() and time.monotonic() < deadline:
@@ -322,10 +316,10 @@ def test_a_second_command_follows_runs_still_on_slurm_to_their_end(tmp_path, mon
     waits for them, and reports how they ended (the tables are written only then)."""
     from submitit.core.utils import cloudpickle_dump
 
-    import bnlab.lab.sweep as sweep_module
+    import bnlab.lab.slurm as slurm_module
 
     out = fake_slurm(tmp_path, monkeypatch)
-    monkeypatch.setattr(sweep_module, "SLURM_POLL_S", 0.1)
+    monkeypatch.setattr(slurm_module, "SLURM_POLL_S", 0.1)
     spec, root = tiny_spec(tmp_path), tmp_path / "runs"
     assert sweep([spec], None, jobs=2, root=root, launcher="slurm", wait=False) == \
         {"submitted": 2}
@@ -360,10 +354,10 @@ def test_a_job_sacct_does_not_know_is_asked_of_squeue(tmp_path, monkeypatch, que
 def test_a_job_slurm_dropped_without_a_report_ends_the_wait(tmp_path, monkeypatch):
     """Killed before its first task could report, on a cluster without accounting: neither
     sacct nor squeue knows it any more, so the sweep stops waiting and reads the run."""
-    import bnlab.lab.sweep as sweep_module
+    import bnlab.lab.slurm as slurm_module
 
     fake_slurm(tmp_path, monkeypatch, sacct_state=None, squeue="")
-    monkeypatch.setattr(sweep_module, "SLURM_POLL_S", 0.1)
+    monkeypatch.setattr(slurm_module, "SLURM_POLL_S", 0.1)
     spec = tiny_spec(tmp_path)
     t0 = time.monotonic()
     assert sweep([spec], None, jobs=2, root=tmp_path / "runs", launcher="slurm") == \
@@ -375,10 +369,10 @@ def test_a_stopped_slurm_sweep_cancels_queued_jobs_then_asks_running_ones_to_che
         tmp_path, monkeypatch):
     """Queued first, so none starts in between; running ones get SIGTERM (their runs
     checkpoint) rather than being killed."""
-    import bnlab.lab.sweep as sweep_module
+    import bnlab.lab.slurm as slurm_module
 
     fake_slurm(tmp_path, monkeypatch)
-    monkeypatch.setattr(sweep_module, "SLURM_POLL_S", 0.1)
+    monkeypatch.setattr(slurm_module, "SLURM_POLL_S", 0.1)
     spec = tiny_spec(tmp_path)
     threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
     counts = sweep([spec], None, jobs=2, root=tmp_path / "runs", launcher="slurm",
