@@ -32,7 +32,7 @@ def median(xs: list[float]) -> float:
 
 def run_cfg(overrides: list[str]) -> dict:
     """A resolved training config, exactly as train.py composes it."""
-    from bnlab.lab.sweep import compose
+    from bnlab.lab.spec import compose
 
     return compose(overrides)
 

@@ -16,17 +16,13 @@ from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from bnlab import dist, precheck, resume, trainer
+from bnlab.cli import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_FAILED, EXIT_PREEMPTED
 from bnlab.config import check_data, validate, world_size
 from bnlab.diagnostics import at_risk, risk_message
 from bnlab.errors import BnlabError
 from bnlab.metrics import summary
 from bnlab.norms import RankBatchNorm, bn_value_counts
 from bnlab.rundir import read_status, set_status
-
-EXIT_FAILED = 1      # a rank failed (error, or a peer died); relaunch to resume
-EXIT_BAD_INPUT = 2   # refused before anything started; nothing written
-EXIT_DIVERGED = 3    # NaN/inf training loss with on_nan=stop
-EXIT_PREEMPTED = 75  # SIGTERM/SIGUSR1/SIGUSR2: checkpointed; relaunch the same command to resume
 
 
 def fail(msg: str, run_dir: Path | None = None, root: Path | None = None) -> None:

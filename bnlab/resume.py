@@ -23,9 +23,7 @@ from bnlab import checkpoint, dist
 from bnlab.config import RESUME_MAY_CHANGE, changed_keys, get_dotted, without, without_added_later
 from bnlab.errors import BnlabError
 from bnlab.metrics import Meter
-from bnlab.rundir import read_status_full
-
-RESUMABLE = ("running", "failed", "preempted")
+from bnlab.rundir import RESUMABLE, read_status_full
 
 
 def _alive(pid: int) -> bool:

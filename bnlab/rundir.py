@@ -16,7 +16,11 @@ import yaml
 from bnlab.paths import ROOT
 
 PACKAGES = ("torch", "torchvision", "hydra-core", "omegaconf", "numpy", "wandb")
+# A run's status (status.json). A final one is a result, which a sweep never runs again; the
+# others are unfinished: launched again, the run resumes (from its checkpoint, where it has one).
 STATUSES = ("running", "completed", "failed", "diverged", "preempted")
+FINAL = ("completed", "diverged")
+RESUMABLE = tuple(s for s in STATUSES if s not in FINAL)  # running, failed, preempted
 
 
 def git_commit() -> str | None:
@@ -103,3 +107,12 @@ def read_status_full(run_dir: Path) -> dict | None:
 def read_status(run_dir: Path) -> str | None:
     rec = read_status_full(run_dir)
     return None if rec is None else rec["status"]
+
+
+def ended_as(status: str | None, rc: int | None = None) -> str:
+    """How a run whose process has ended stands, from the status it left: `failed` where it
+    left none, or left `running` without exiting cleanly (exit status `rc` not 0; None: it
+    died without one); else that status."""
+    if status is None or (status == "running" and rc != 0):
+        return "failed"
+    return status

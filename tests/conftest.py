@@ -42,6 +42,23 @@ def run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob("config.yaml"))
 
 
+def tiny_spec(tmp_path: Path, num_train: int = 64):
+    """Two cells on generated data, a few steps each: the runner's real code path (a
+    sweep's Spec, for the sweep tests on this machine and on stand-ins for SLURM)."""
+    from bnlab.lab.spec import load_spec
+
+    spec = tmp_path / "tiny" / "sweep.yaml"
+    spec.parent.mkdir()
+    ov = (f"[model=resnet20, data=synthetic, data.num_train={num_train}, data.num_val=32, "
+          "epochs=1, "
+          "batch_per_gpu=4, eval_every=1, dist.simulate=2, diagnostics.enabled=false{}]")
+    spec.write_text("experiment: demo\nseeds: [0]\ncells:\n"
+                    f"  - {{label: a, overrides: {ov.format('')}}}\n"
+                    f"  - {{label: b, overrides: {ov.format(', norm=gn, norm.cap_groups=true')}}}"
+                    "\n")
+    return load_spec(spec)
+
+
 def fake_run(d: Path, accs: list[float], loss: float = 1.0, status: str = "completed",
              precise: float | None = None) -> None:
     """A run directory as the trainer writes it, with chosen val acc values."""

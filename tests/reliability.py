@@ -125,17 +125,17 @@ FAULTS = [
      "asks its running jobs again every 5 s until they end; a job that died before its run "
      "began is reported as not started (`job_result`)"),
     ("a SLURM sweep stopped (SIGTERM or Ctrl-C) while it waits for its jobs",
-     "lab/test_sweep.py::test_a_stopped_slurm_sweep_cancels_queued_jobs_then_asks_running_ones"
-     "_to_checkpoint",
+     "lab/test_sweep_slurm.py::test_a_stopped_slurm_sweep_cancels_queued_jobs_then_asks_running"
+     "_ones_to_checkpoint",
      "queued jobs are cancelled first, so none starts meanwhile; running ones get SIGTERM "
      "(`scancel --signal=TERM`) and checkpoint; the same command resubmits and resumes them"),
     ("the same SLURM sweep command again while its jobs are still queued or running",
-     "lab/test_sweep.py::test_a_second_command_follows_runs_still_on_slurm_to_their_end",
+     "lab/test_sweep_slurm.py::test_a_second_command_follows_runs_still_on_slurm_to_their_end",
      "nothing is submitted twice: the runs whose job sacct (or, on a cluster without "
      "accounting, squeue) still lists are followed to their end, and only then are the tables "
      "written; with --no-wait the command submits what is left and returns"),
     ("a SLURM job that sacct does not know (accounting off, or purged)",
-     "lab/test_sweep.py::test_a_job_sacct_does_not_know_is_asked_of_squeue",
+     "lab/test_sweep_slurm.py::test_a_job_sacct_does_not_know_is_asked_of_squeue",
      "squeue is asked: a job it lists is followed, one it does not is gone and its run is "
      "submitted again (resuming from its checkpoint)"),
     ("`python train.py` in the batch script of a SLURM job of several tasks",

@@ -254,7 +254,7 @@ def test_sparse_evaluation_before_the_plateau_and_a_larger_image_size(tmp_path):
     """eval_sparse_until=0.5: only epoch ends before the half, eval_every an epoch after it;
     data.image_size=64 gives resnet18 a 2x2 map in layer4 (4 values per image there)."""
     from bnlab import dist, trainer
-    from bnlab.lab.sweep import compose
+    from bnlab.lab.spec import compose
     from bnlab.norms import bn_value_counts
 
     cfg = compose(["model=resnet18", "data=synthetic", "data.num_train=32", "data.num_val=16",

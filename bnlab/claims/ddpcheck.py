@@ -122,7 +122,7 @@ def measure(data_root: str | None, steps: int) -> dict:
     """`data_root` None: the cells' own data.root (downloaded when missing, as train.py)."""
     from bnlab.data import ensure_cifar10
     from bnlab.dist import launch_local
-    from bnlab.lab.sweep import load_spec
+    from bnlab.lab.spec import load_spec
 
     spec = load_spec(OUT / "sweep.yaml")
     cells = {c.label: c for c in spec.cells}

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from bnlab.lab.results import eval_json
-from bnlab.lab.sweep import data_tag, plan
+from bnlab.lab.spec import data_tag, plan
 from bnlab.lab.table import Context, Table, Verdict
 from bnlab.paths import shown
 

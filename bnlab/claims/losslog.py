@@ -20,7 +20,7 @@ from bnlab.errors import BnlabError
 from bnlab.jitter import MIN_EVALS, step_sd
 from bnlab.lab.figures import plt, save
 from bnlab.lab.results import Run
-from bnlab.lab.sweep import load_spec, run_dir
+from bnlab.lab.spec import load_spec, run_dir
 from bnlab.lab.table import Context, Table, Verdict
 from bnlab.paths import EXPERIMENTS, RUNS, shown
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bnlab.lab.figures import plt, save
 from bnlab.lab.results import train_seconds
-from bnlab.lab.sweep import data_tag, plan
+from bnlab.lab.spec import data_tag, plan
 from bnlab.lab.table import Context, Table, Verdict, seeds_line, wall_line
 
 POOLINGS = ("pooled", "averaged")

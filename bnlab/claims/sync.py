@@ -24,7 +24,7 @@ from pathlib import Path
 from bnlab.errors import BnlabError
 from bnlab.lab.figures import plt, save
 from bnlab.lab.results import finished_run, train_seconds
-from bnlab.lab.sweep import data_tag, plan
+from bnlab.lab.spec import data_tag, plan
 from bnlab.lab.table import Context, Table, Verdict, seeds_line, wall_line
 from bnlab.paths import BENCH_RESULTS
 

@@ -25,7 +25,8 @@ from bnlab.errors import BnlabError
 from bnlab.jitter import PLATEAU
 from bnlab.lab.figures import plt, save
 from bnlab.lab.results import Run, fmt
-from bnlab.lab.sweep import Spec, outcome, spec_from, sweep
+from bnlab.lab.spec import Spec, spec_from
+from bnlab.lab.sweep import outcome, sweep
 from bnlab.lab.table import md_table
 from bnlab.paths import CONFIGS
 

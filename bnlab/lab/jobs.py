@@ -1,4 +1,5 @@
-"""A sweep's runs as submitit jobs: on this machine (`LocalExecutor`) or on SLURM.
+"""A sweep's runs as submitit jobs, on this machine (`bnlab/lab/local.py`) or on SLURM
+(`bnlab/lab/slurm.py`), and the sweep's side of them: its stop, and how a job's run ended.
 
 Each job is one `train.py` run (a `TrainJob`), started as a child process so that the run
 keeps every launcher it has (one process, simulated ranks, N local ranks, or one rank per
@@ -15,6 +16,10 @@ The run is started in a session of its own, so Ctrl-C in a terminal reaches the 
 stops the jobs in order) and never the run's ranks directly. In a SLURM job of several tasks
 (one per rank) each task runs this; only the first writes `train.log` and `sweep.json`.
 Each launch adds its wall time to the run's `sweep.json`.
+
+The sweep reads how a job's run ended from the job's report, else, where the job died
+without one, from the run's own status (`job_result`); the job and the sweep both take that
+status through `bnlab.rundir.ended_as`.
 """
 
 from __future__ import annotations
@@ -29,13 +34,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bnlab.errors import BnlabError
-from bnlab.rundir import read_status
+from bnlab.checkpoint import CHECKPOINT
+from bnlab.preempt import StopRequest
+from bnlab.rundir import FINAL, ended_as, read_status
 
-LAUNCHERS = ("local", "slurm")
-FINAL = ("completed", "diverged")  # a run with this status is a result: never re-run
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-LOCAL_TIMEOUT_MIN = 60 * 24 * 30  # no time limit on this machine (submitit's default is 2 min)
+NOT_STARTED = "not started"  # a job stopped before its run began: no status, nothing to resume
+POLL_S = 0.5  # how often a sweep that waits for its jobs looks at them, and at its stop
 
 
 @dataclass
@@ -102,10 +107,8 @@ class TrainJob:
                 not self._before and rank == 0 and task_count() == 1:
             # The stop came before train.py could handle it: the run never began.
             shutil.rmtree(d)
-            return {"status": "not started", "wall_s": 0.0}
-        status = read_status(d) or "failed"
-        if rc != 0 and status == "running":
-            status = "failed"
+            return {"status": NOT_STARTED, "wall_s": 0.0}
+        status = ended_as(read_status(d), rc)
         if rank == 0:
             self._record(rc, wall)
         return {"status": status, "wall_s": wall}
@@ -172,71 +175,45 @@ def task_count() -> int:
     return int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or 1)
 
 
-@dataclass
-class Slurm:
-    """What each SLURM job asks for (`--launcher slurm` and its options)."""
+class Stop(StopRequest):
+    """SIGTERM or Ctrl-C while the sweep runs: nothing new starts and every running job is
+    asked to checkpoint. The jobs themselves ignore Ctrl-C from the terminal (they inherit an
+    ignored SIGINT), so the sweep is the one that stops them, in order."""
 
-    partition: str | None = None
-    nodes: int = 1
-    tasks_per_node: int | None = None  # default: the run's ranks (dist.nproc_per_node) / nodes
-    gpus_per_node: int = 0  # at most one per task is asked
-    cpus_per_task: int | None = None  # default: the threads each run gets
-    time_min: int = 24 * 60
-    signal_delay_s: int = 120
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    setup: list[str] = field(default_factory=list)  # shell lines before the job (module load)
+    def __init__(self):
+        super().__init__(STOP_SIGNALS)
 
-    def layout(self, ranks: int) -> tuple[int, int]:
-        """(nodes, tasks per node) for a run of `ranks` ranks, one rank per task. A one-rank
-        run (the simulation included) takes one task on one node whatever was asked."""
-        if ranks == 1:
-            return 1, 1
-        tasks = self.tasks_per_node or ranks // self.nodes
-        if self.nodes * tasks != ranks:
-            raise BnlabError(
-                f"a run with {ranks} ranks (dist.nproc_per_node={ranks}) cannot be laid out as "
-                f"--nodes {self.nodes} x --tasks-per-node {tasks}; give nodes and tasks per "
-                f"node whose product is {ranks}.")
-        if self.gpus_per_node and self.gpus_per_node < tasks:
-            raise BnlabError(
-                f"--gpus-per-node {self.gpus_per_node} is fewer than the {tasks} ranks per "
-                f"node of a {ranks}-rank run (one GPU each); ask for at least {tasks}, or "
-                "for none to train on CPU.")
-        return self.nodes, tasks
+    @property
+    def asked(self) -> bool:
+        return self.signum != 0
 
-    def parameters(self, ranks: int, threads: int, array_parallelism: int) -> dict:
-        """submitit's SlurmExecutor parameters for the runs of `ranks` ranks: one task per
-        rank, and one GPU per task where GPUs were asked."""
-        nodes, tasks = self.layout(ranks)
-        cpus = self.cpus_per_task or threads
-        # srun is given the CPUs per task again: from SLURM 22.05 to 23.02 a step does not
-        # inherit the job's --cpus-per-task, and each rank would be bound to one CPU.
-        p = {"nodes": nodes, "ntasks_per_node": tasks,
-             "gpus_per_node": min(self.gpus_per_node, tasks),
-             "cpus_per_task": cpus, "srun_args": ["--cpus-per-task", str(cpus)],
-             "time": self.time_min, "signal_delay_s": self.signal_delay_s,
-             "array_parallelism": array_parallelism, "job_name": "bnlab",
-             "setup": list(self.setup)}
-        for k in ("partition", "account", "qos", "constraint"):
-            if getattr(self, k):
-                p[k] = getattr(self, k)
-        if not self.gpus_per_node:
-            p.pop("gpus_per_node")
-        return p
+    def submit(self, ex, job: TrainJob):
+        """Submit with SIGINT ignored, so that the job's processes inherit it ignored."""
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN) if self._old else None
+        try:
+            return ex.submit(job)
+        finally:
+            if old is not None:
+                signal.signal(signal.SIGINT, old)
 
 
-def executor(launcher: str, folder: Path, *, ranks: int = 1, threads: int = 1,
-             jobs: int = 1, slurm: Slurm | None = None):
-    """The submitit executor that runs a sweep's jobs; its logs and pickles go to `folder`
-    (`%j` is the job id)."""
-    import submitit
+def resumable(d: Path) -> bool:
+    """An unfinished run that can continue where it stopped: it left a checkpoint."""
+    return (d / CHECKPOINT).is_file()
 
-    if launcher == "local":
-        ex = submitit.LocalExecutor(folder=str(folder))
-        ex.update_parameters(timeout_min=LOCAL_TIMEOUT_MIN, tasks_per_node=1)
-        return ex
-    ex = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=3)
-    ex.update_parameters(**(slurm or Slurm()).parameters(ranks, threads, jobs))
-    return ex
+
+def job_result(job, d: Path, stopping: bool = False) -> tuple[str, float]:
+    """How a finished job's run ended: the report of the job's first task (rank 0), else the
+    run's status.json. A job stopped by the sweep before its run began is `not started`."""
+    try:  # result() would wait for a report that never comes (a job SLURM dropped unseen)
+        first = job.task(0)
+        if first.paths.result_pickle.exists():
+            res = first.result()
+            return res["status"], res["wall_s"]
+    except Exception:  # a report that is an error: read the run's own status
+        pass
+    # No report: the job died (killed, out of memory, node lost, stopped early).
+    status = read_status(d)
+    if stopping and status is None and not resumable(d):
+        return NOT_STARTED, 0.0
+    return ended_as(status), 0.0

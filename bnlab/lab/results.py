@@ -21,11 +21,10 @@ from bnlab import checkpoint, jitter
 from bnlab.errors import BnlabError
 from bnlab.jitter import step_sd, swing, window
 from bnlab.lab.analysis import Stat, finite
-from bnlab.lab.jobs import FINAL
-from bnlab.lab.sweep import Cell, Spec, plan
+from bnlab.lab.spec import Cell, Spec, plan
 from bnlab.metrics import PREDICTIONS, read_jsonl, read_predictions
 from bnlab.paths import ROOT, RUNS
-from bnlab.rundir import read_status
+from bnlab.rundir import FINAL, read_status
 
 
 @dataclass

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from bnlab.lab.jobs import Slurm
+from bnlab.lab.slurm import Slurm
 from bnlab.lab.sweep import load_spec, plan, sweep
 from bnlab.paths import ROOT
 from bnlab.rundir import read_status

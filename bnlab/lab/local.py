@@ -1,0 +1,107 @@
+"""A sweep's runs on this machine: submitit's local jobs, `jobs` at a time, each with GPUs of
+its own (as many as its ranks) while enough are free.
+
+SIGTERM or Ctrl-C stops the sweep cleanly: nothing new starts, and each running job is asked
+(again and again) to checkpoint and stop as `preempted`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from bnlab.errors import BnlabError
+from bnlab.lab.jobs import NOT_STARTED, POLL_S, Stop, TrainJob, job_result
+from bnlab.lab.spec import Cell
+from bnlab.rundir import FINAL
+
+LOCAL_TIMEOUT_MIN = 60 * 24 * 30  # no time limit on this machine (submitit's default is 2 min)
+RESEND_S = 5.0  # while a sweep stops, each running job is asked again this often
+
+
+def executor(folder: Path):
+    """submitit's executor for jobs on this machine; its logs and pickles go to `folder`
+    (`%j` is the job id)."""
+    import submitit
+
+    ex = submitit.LocalExecutor(folder=str(folder))
+    ex.update_parameters(timeout_min=LOCAL_TIMEOUT_MIN, tasks_per_node=1)
+    return ex
+
+
+def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: Path,
+              jobs: int, gpus: int | None, name: str) -> dict[str, int]:
+    """Run the runs here, `jobs` at a time, until they end or a signal stops them (submitit's
+    logs under `folder`); returns how many ended how. Each run gets GPUs of its own (`gpus`,
+    default every visible one) and waits while too few are free."""
+    counts: dict[str, int] = {}
+    queue = list(zip(todo, runs, strict=True))
+    running: dict = {}
+    ex = executor(folder)
+    free, held = gpu_ids(torch_gpus() if gpus is None else gpus), {}  # ids not in use; job ->
+    n_gpus = len(free)
+    if any(needs(c, n_gpus) > n_gpus for c, _, _ in todo):
+        raise BnlabError(f"a run needs more GPUs than the {n_gpus} visible here; run it on a "
+                         "machine with more, or with --launcher slurm.")
+    with Stop() as stop, tqdm(total=len(todo), desc=name, unit="run", dynamic_ncols=True) as bar:
+        asked_at = 0.0  # when the running jobs were last asked to stop
+        while queue or running:
+            while queue and len(running) < jobs and not stop.asked and \
+                    needs(queue[0][0][0], n_gpus) <= len(free):
+                (cell, seed, d), run = queue.pop(0)
+                ids = [free.pop(0) for _ in range(needs(cell, n_gpus))]
+                ex.update_parameters(gpus_per_node=len(ids), visible_gpus=tuple(ids))
+                run.gpus = ",".join(map(str, ids)) if ids else os.environ.get(
+                    "CUDA_VISIBLE_DEVICES")  # GPUs named by UUID: every run sees all of them
+                job = stop.submit(ex, run)
+                running[job], held[job] = (cell, seed, d), ids
+            if stop.asked and time.monotonic() - asked_at > RESEND_S:
+                # Again and again: a job still starting may have missed it (the run hears it
+                # once). submitit's controller passes it on to the job.
+                asked_at = time.monotonic()
+                for job in running:
+                    if job._process is not None and job._process.poll() is None:
+                        job._process.send_signal(signal.SIGTERM)
+            if stop.asked and queue:
+                counts[NOT_STARTED] = counts.get(NOT_STARTED, 0) + len(queue)
+                queue = []
+            for job in [j for j in running if j.done()]:
+                cell, seed, d = running.pop(job)
+                free += held.pop(job)
+                status, wall = job_result(job, d, stop.asked)
+                counts[status] = counts.get(status, 0) + 1
+                if status == NOT_STARTED:
+                    continue
+                bar.write(f"  {status:9s} {cell.label} seed {seed} ({wall:.0f} s)  {d}")
+                if status not in FINAL and status != "preempted":
+                    bar.write(f"    see {d / 'train.log'}")
+                bar.update(1)
+            time.sleep(POLL_S)
+    return counts
+
+
+def torch_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def gpu_ids(n: int) -> list[int]:
+    """The ids of this machine's `n` GPUs as CUDA_VISIBLE_DEVICES names them for a child (the
+    sweep's own CUDA_VISIBLE_DEVICES, where set, maps them); [] where it names them by UUID,
+    and then the runs share every GPU, as they would without the sweep."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None:
+        return list(range(n))
+    parts = [x.strip() for x in env.split(",") if x.strip()]
+    return [int(x) for x in parts][:n] if all(x.isdigit() for x in parts) else []
+
+
+def needs(cell: Cell, gpus: int) -> int:
+    """GPUs one run of `cell` takes on a machine with `gpus`: one per rank (a simulated run
+    is one process, one GPU), none on a machine without."""
+    return cell.cfg["dist"]["nproc_per_node"] if gpus else 0
