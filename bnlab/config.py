@@ -52,7 +52,7 @@ ADDED_LATER = {"on_nan": "stop", "data.rank_skew": False, "record.predictions": 
                "record.decompose_after": 0.0, "optim.name": "sgd", "dist.bn_sync": "none",
                "norm.impl": "auto", "data.holdout": 0, "data.holdout_seed": 0,
                "data.image_size": 32, "eval_sparse_until": 0.0,
-               "record.decompose_batch": True}
+               "record.decompose_batch": True, "optim.scale_from": 0}
 
 
 def get_dotted(cfg: dict, dotted: str):
@@ -195,6 +195,8 @@ def validate(cfg: dict, here: bool = True) -> None:
           "false with AdamW (Nesterov momentum is SGD's)", o["nesterov"])
     _need(not o["nesterov"] or o["momentum"] > 0, "optim.nesterov",
           "false when optim.momentum is 0 (Nesterov needs momentum)", o["nesterov"])
+    _pos_int(cfg, "optim.scale_from", "a non-negative integer (the global batch lr is given for; "
+             "0 = lr as given)", minimum=0)
     _choice(cfg, "optim.schedule", SCHEDULES)
     w = o["warmup_epochs"]
     _need(_is_num(w) and 0 <= w < cfg["epochs"], "optim.warmup_epochs",

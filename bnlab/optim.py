@@ -23,15 +23,26 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str, milestones, gam
     return 1.0
 
 
-def build_optimizer(cfg: dict, model: nn.Module, steps_per_epoch: int, epochs: int):
+def peak_lr(cfg: dict, images_per_step: int) -> float:
+    """The peak rate used: `lr` as given, or, with `scale_from` = B > 0, lr x (images per
+    optimizer step) / B (linear scaling: lr is the rate for a global batch of B)."""
+    base = cfg.get("scale_from", 0)
+    return cfg["lr"] * images_per_step / base if base else cfg["lr"]
+
+
+def build_optimizer(cfg: dict, model: nn.Module, steps_per_epoch: int, epochs: int,
+                    images_per_step: int = 0):
     """Plain SGD over every parameter (as in the reports), or AdamW (`name: adamw`, beta1 =
-    `momentum`), + a per-step LambdaLR schedule."""
+    `momentum`), at peak_lr, + a per-step LambdaLR schedule."""
+    if cfg.get("scale_from", 0) and images_per_step <= 0:
+        raise ValueError("optim.scale_from needs the images per optimizer step")
+    lr = peak_lr(cfg, images_per_step)
     if cfg.get("name", "sgd") == "adamw":
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"],
+        opt = torch.optim.AdamW(model.parameters(), lr=lr,
                                 betas=(cfg["momentum"], 0.999), weight_decay=cfg["weight_decay"])
     else:
         opt = torch.optim.SGD(
-            model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"],
+            model.parameters(), lr=lr, momentum=cfg["momentum"],
             weight_decay=cfg["weight_decay"], nesterov=cfg["nesterov"],
         )
     total = steps_per_epoch * epochs

@@ -28,7 +28,7 @@ from bnlab.errors import BnlabError
 from bnlab.metrics import PREDICTIONS, Meter, MetricsLogger, PredictionLog
 from bnlab.models import build_model
 from bnlab.norms import convert, set_epoch
-from bnlab.optim import build_optimizer
+from bnlab.optim import build_optimizer, peak_lr
 from bnlab.precise_bn import recalibrate
 from bnlab.preempt import StopRequest
 from bnlab.resume import load_latest, rank_state, restore, truncate_metrics
@@ -338,16 +338,17 @@ def setup(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None,
         dist.print0(f"bnlab: note: {len(data.train) % per_step} of the {len(data.train)} training "
                     f"images do not fill an optimizer step of {per_step} and are left out of each "
                     "epoch (different ones each epoch: the order is reshuffled).")
-    dist.print0(essentials(cfg, data, env))
+    dist.print0(essentials(cfg, data, env, per_step))
     evals = eval_points(spe, cfg["eval_every"])  # dense epochs; the others evaluate at the end
-    opt, sched = build_optimizer(cfg["optim"], model, spe, cfg["epochs"])
+    opt, sched = build_optimizer(cfg["optim"], model, spe, cfg["epochs"], per_step)
     meters = [Meter(env.device), Meter(env.device)]
     ckpt = load_latest(run_dir) if resuming else None  # after wrap: own buffers win over DDP's
     epoch0, start, step = restore(ckpt, model, opt, sched, meters, env) if ckpt else (0, 0, 0)
     if env.is_main:
         info = {"world": env.world * sim, "simulated": sim > 1, "processes": env.world,
                 "device": str(env.device), "backend": env.backend, "steps_per_epoch": spe,
-                "syncbn_impl": ran_syncbn(cfg, env, sim), **(meta or {})}
+                "syncbn_impl": ran_syncbn(cfg, env, sim), "lr": opt.defaults["lr"],
+                **(meta or {})}
         if resuming:
             truncate_metrics(run_dir, step, PREDICTIONS)
             dropped = truncate_metrics(run_dir, step)
@@ -367,17 +368,20 @@ def setup(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None,
     return loop, epoch0, start
 
 
-def essentials(cfg: dict, data: Dataset, env: dist.DistEnv) -> str:
+def essentials(cfg: dict, data: Dataset, env: dist.DistEnv, per_step: int) -> str:
     """The run in one line, at its start: what trains on what, at which rate, for how long."""
     sim, o, d = cfg["dist"]["simulate"], cfg["optim"], cfg["data"]
     ranks = f"{env.world * sim} ranks" + (" (simulated)" if sim > 1 else "") \
         if env.world * sim > 1 else "1 rank"
     accum = f" x {cfg['grad_accum']} accumulated" if cfg["grad_accum"] > 1 else ""
     warm = f", {o['warmup_epochs']:g} warmup epochs" if o["warmup_epochs"] else ""
+    base = o.get("scale_from", 0)
+    rate = f"{peak_lr(o, per_step):g}" + (f" (= {o['lr']:g} x {per_step} / {base})" if base
+                                           else "")
     held = f"{d.get('holdout', 0)} held-out training images" if d.get("holdout") else "test"
     size = f" at {data.size} px" if data.size != 32 else ""
     return (f"bnlab: {cfg['model']['name']}, {cfg['norm']['kind']}, {ranks} x "
-            f"{cfg['batch_per_gpu']} images{accum}; {o.get('name', 'sgd')} lr {o['lr']:g} "
+            f"{cfg['batch_per_gpu']} images{accum}; {o.get('name', 'sgd')} lr {rate} "
             f"({o['schedule']}{warm}), {cfg['epochs']} epochs; {d['name']}: "
             f"{len(data.train)} training images{size}, validation on {len(data.val)} ({held}); "
             f"{env.device}")

@@ -129,3 +129,16 @@ def test_adamw_is_torch_adamw_with_beta1_from_momentum():
     assert isinstance(opt, torch.optim.AdamW)
     g = opt.param_groups[0]
     assert (g["betas"], g["weight_decay"]) == ((0.9, 0.999), 0.05)
+
+
+def test_the_default_rate_scales_with_the_global_batch_and_reports_is_literal():
+    from bnlab.optim import peak_lr
+
+    for ov, images, rate in (([], 32, 0.025), (["dist.simulate=4", "batch_per_gpu=2"], 8, 0.00625),
+                             (["batch_per_gpu=2", "grad_accum=4"], 8, 0.00625)):
+        cfg = compose_train(ov)
+        assert peak_lr(cfg["optim"], images) == pytest.approx(rate)
+        assert cfg["optim"]["warmup_epochs"] == 0.5
+    rep = compose_train(["experiment=reports"])
+    assert peak_lr(rep["optim"], 8) == 0.1 and rep["optim"]["warmup_epochs"] == 0
+    assert rep["optim"]["schedule"] == "constant" and rep["batch_per_gpu"] == 2

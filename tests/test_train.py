@@ -284,8 +284,9 @@ def test_a_short_run_leaves_an_evaluation_a_checkpoint_and_a_summary_and_can_be_
     checkpoint."""
     d = tmp_path / "short"
     r = _train(tmp_path, "max_steps=5", f"hydra.run.dir={d}")
-    assert "bnlab: resnet20, bn, 1 rank x 8 images; sgd lr 0.1 (cosine), 1 epochs; cifar10: " \
-        "256 training images, validation on 128 (test); cpu" in r.stdout  # the run, up front
+    assert "bnlab: resnet20, bn, 1 rank x 8 images; sgd lr 0.00625 (= 0.1 x 8 / 128) (cosine, " \
+        "0.5 warmup epochs), 1 epochs; cifar10: 256 training images, validation on 128 (test); " \
+        "cpu" in r.stdout  # the run, up front
     assert "bnlab: completed at step 5 of 5, max_steps: the schedule spans 32" in r.stdout
     assert "evaluate it: python evaluate.py run=" in r.stdout
     assert json.loads((d / "status.json").read_text())["max_steps"] == 5
@@ -296,3 +297,13 @@ def test_a_short_run_leaves_an_evaluation_a_checkpoint_and_a_summary_and_can_be_
     _train(tmp_path, "max_steps=0", f"hydra.run.dir={d}")
     status = json.loads((d / "status.json").read_text())
     assert status["status"] == "completed" and status["step"] == 32 and "max_steps" not in status
+
+
+def test_the_defaults_train_at_four_ranks_of_two(tmp_path):
+    """The mission's layout with the defaults (resnet18, 4 x 2): the loss stays near chance's
+    2.3 in the first steps (lr 0.1 unscaled logged 14 to 47 there)."""
+    d = tmp_path / "r"
+    _train(tmp_path, "model=resnet18", "dist.simulate=4", "batch_per_gpu=2", "max_steps=30",
+           "log_every=5", f"hydra.run.dir={d}")
+    losses = [r["train/loss"] for r in read_jsonl(d / "metrics.jsonl") if "train/loss" in r]
+    assert len(losses) == 6 and max(losses) < 3.0, losses
