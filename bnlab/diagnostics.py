@@ -21,24 +21,10 @@ from bnlab.metrics import Meter
 from bnlab.norms import RankBatchNorm
 
 EPS = 1e-5
-FIXES = "norm=syncbn, norm=gn, or a larger batch_per_gpu"
 
 
 def _bns(model: nn.Module) -> list[tuple[str, RankBatchNorm]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, RankBatchNorm)]
-
-
-def at_risk(counts: dict[str, int], threshold: int) -> dict[str, int]:
-    """BN layers that normalize over fewer than `threshold` values per channel per rank."""
-    return {n: c for n, c in counts.items() if c < threshold}
-
-
-def risk_message(risky: dict[str, int], threshold: int) -> str:
-    worst = min(risky.values())
-    names = ", ".join(sorted(risky, key=risky.get)[:4]) + (" ..." if len(risky) > 4 else "")
-    return (f"{len(risky)} BN layers normalize over fewer than {threshold} values per channel "
-            f"per rank (lowest {worst}: {names}); batch statistics will be noisy: consider "
-            f"{FIXES}.")
 
 
 # ----------------------------------------------------------------------------------------

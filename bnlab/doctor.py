@@ -309,6 +309,19 @@ def report(args: argparse.Namespace) -> int:
     return 1 if risky else 0
 
 
+def risk_line(layers: list[Layer], min_values: int, min_images: int) -> str:
+    """How many batch-statistics layers are at risk and how far: the doctor's verdict in one
+    line, which the trainer's start-of-run warning also prints."""
+    bns = [layer for layer in layers if layer.batch_dependent]
+    risky = [layer for layer in layers if layer.at_risk]
+    worst = min(layer.normalized_over for layer in risky)
+    fewest = min(layer.images for layer in risky)
+    fatal = " At 1 value BN cannot train at all." if worst <= 1 else ""
+    return (f"{len(risky)} of {len(bns)} batch-statistics layers are at risk: fewest samples "
+            f"{fewest} (threshold {min_images}), fewest values per channel {worst} (threshold "
+            f"{min_values}).{fatal}")
+
+
 def render(setting: dict, layers: list[Layer], risky: list[Layer], tips: list[str]) -> str:
     s = setting
     group = f", statistics shared by {s['sync_group']} ranks" if s["sync_group"] > 1 else ""
@@ -329,12 +342,7 @@ def render(setting: dict, layers: list[Layer], risky: list[Layer], tips: list[st
                      f"({len(bns)} batch-statistics layers, {len(layers)} normalization "
                      f"layers).")
     else:
-        worst = min(layer.normalized_over for layer in risky)
-        fewest = min(layer.images for layer in risky)
-        fatal = " At 1 value BN cannot train at all." if worst <= 1 else ""
-        lines.append(f"{len(risky)} of {len(bns)} batch-statistics layers are at risk: "
-                     f"fewest samples {fewest} (threshold {s['min_images']}), fewest values per "
-                     f"channel {worst} (threshold {s['min_values']}).{fatal}")
+        lines.append(risk_line(layers, s["min_values"], s["min_images"]))
         lines.append("Fixes:")
         lines += [f"- {tip}" for tip in tips]
     return "\n".join(lines)

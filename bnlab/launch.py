@@ -15,13 +15,11 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from bnlab import dist, precheck, resume, trainer
+from bnlab import dist, doctor, precheck, resume, trainer
 from bnlab.cli import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_FAILED, EXIT_PREEMPTED
 from bnlab.config import check_data, validate, world_size
-from bnlab.diagnostics import at_risk, risk_message
 from bnlab.errors import BnlabError
 from bnlab.metrics import summary
-from bnlab.norms import RankBatchNorm, bn_value_counts
 from bnlab.rundir import read_status, set_status
 
 
@@ -48,17 +46,19 @@ def preflight(cfg: dict, run_dir: Path) -> tuple[dict[str, int], bool]:
     check_writable(run_dir)
     check_data(cfg)
     model = trainer.build_net(cfg)  # also checks GroupNorm groups against every layer
-    world = world_size(cfg)
-    bns = [m for m in model.modules() if isinstance(m, RankBatchNorm)]
-    group = bns[0].group_size(world) if bns and bns[0].sync == "exact" else 1
     side = cfg["data"]["image_size"]
-    counts = bn_value_counts(model, cfg["batch_per_gpu"] * group, (3, side, side))
-    risky = at_risk(counts, cfg["diagnostics"]["min_values"])
-    if risky and cfg["norm"]["kind"] != "frozen_bn":
-        dist.print0(f"bnlab: warning: {risk_message(risky, cfg['diagnostics']['min_values'])}",
-                    file=sys.stderr)
+    # The doctor's rule, on the model as built (its BN kinds and sync groups): one rule for the
+    # doctor and this warning (python -m bnlab doctor gives the same verdict and fixes).
+    world, batch, least = world_size(cfg), cfg["batch_per_gpu"], cfg["diagnostics"]["min_values"]
+    layers = doctor.measure(model, (3, side, side), world, batch, None, 0, least,
+                            doctor.MIN_IMAGES)
+    counts = {layer.name: layer.normalized_over for layer in layers if layer.batch_dependent}
+    if any(layer.at_risk for layer in layers):
+        tips = doctor.recommend(layers, world, batch, least, doctor.MIN_IMAGES)
+        dist.print0(f"bnlab: warning: {doctor.risk_line(layers, least, doctor.MIN_IMAGES)} "
+                    f"Fixes: {'; '.join(tips)}.", file=sys.stderr)
     worst = min(counts, key=counts.get, default=None)
-    if worst is not None and counts[worst] <= 1 and cfg["norm"]["kind"] != "frozen_bn":
+    if worst is not None and counts[worst] <= 1:
         raise BnlabError(
             f"batch_per_gpu={cfg['batch_per_gpu']} leaves BN layer '{worst}' with "
             f"{counts[worst]} value per channel per rank, which BN cannot normalize; use "

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bnlab import dist
-from bnlab.diagnostics import GapProbe, at_risk, divergence, rank_running_stats
+from bnlab.diagnostics import GapProbe, divergence, rank_running_stats
 from bnlab.diagnostics import train_mode_accuracy as tm_acc
 from bnlab.jitter import MISSING
 from bnlab.models import build_model
@@ -113,9 +113,15 @@ def test_train_mode_accuracy_in_one_pass_equals_one_batch_at_a_time():
 
 
 def test_values_per_channel_and_risk():
+    """The doctor's rule on values alone (images per rank above its threshold): resnet18 at 2
+    images per rank is at risk in layer3 and layer4 (fewer than 16 values per channel)."""
+    from bnlab import doctor
+
     counts = bn_value_counts(build_model("resnet18"), 2)
-    risky = at_risk(counts, 16)
-    assert set(risky) == {n for n in counts if n.startswith("layer4") or n.startswith("layer3")}
+    layers = doctor.measure(build_model("resnet18"), (3, 32, 32), 1, 2, None, 0, 16, 1)
+    risky = {layer.name for layer in layers if layer.at_risk}
+    assert risky == {n for n in counts if n.startswith("layer4") or n.startswith("layer3")}
+    assert {layer.name: layer.normalized_over for layer in layers} == counts
 
 
 @pytest.mark.slow  # CI time (25 s); make test-slow runs it
