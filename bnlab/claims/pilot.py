@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from bnlab.lab import table
-from bnlab.lab.figures import plt, save
+from bnlab.lab.figures import nothing_yet, plt, save
 from bnlab.lab.results import CellResult, fmt
 from bnlab.lab.table import RunsData, Verdict
 
@@ -142,6 +142,8 @@ def plot(d: RunsData, path: Path) -> None:
         means = [(x, score(c)) for c, x in zip(cells, xs, strict=True) if score(c) is not None]
         if means:
             ax.plot(*zip(*means, strict=True), "-", color="C0", lw=1.5, label="mean of seeds")
+        else:
+            nothing_yet(ax, "not every seed has run yet")
         if pick["value"] is not None:
             ax.axvline(pick["value"], color="C3", ls="--", lw=1, label=f"chosen: {pick['value']:g}")
         if ch == "lr":

@@ -49,7 +49,7 @@ import numpy as np
 from bnlab.doctor import MIN_IMAGES, MIN_VALUES
 from bnlab.lab import table
 from bnlab.lab.analysis import mean_interval, ratio_interval
-from bnlab.lab.figures import plt, save
+from bnlab.lab.figures import nothing_yet, plt, save
 from bnlab.lab.results import CellResult, fmt
 from bnlab.lab.table import RunsData, Verdict
 
@@ -222,6 +222,9 @@ def plot(d: RunsData, path: Path) -> None:
         jerr = [[m["jitter"] - m["jlo"]], [m["jhi"] - m["jitter"]]] \
             if m["jlo"] is not None else None
         axes[1].errorbar([m["values"]], [m["jitter"]], yerr=jerr, label=label, **kw)
+    if not any(m["state"] != "reference" for _, m in measured(d)):
+        for ax in axes:
+            nothing_yet(ax, "no cell and its 1 x 8 reference have 3 seeds yet")
     for ax, y, ylabel, title in (
             (axes[0], 0, "accuracy lost to 1 x 8 (points)", "accuracy gap to the reference"),
             (axes[1], 1, "jitter / 1 x 8's jitter", "jitter against the reference")):

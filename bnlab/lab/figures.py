@@ -16,7 +16,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from bnlab.lab.results import CellResult  # noqa: E402
 
-__all__ = ["plt", "save", "band", "precise_points", "mean_loss", "legend", "text_problems"]
+__all__ = ["plt", "save", "band", "precise_points", "mean_loss", "legend", "text_problems",
+           "nothing_yet"]
 
 
 # Every figure saved in this process whose text a reader cannot read: (path, problem). The
@@ -36,6 +37,12 @@ def save(fig, path: Path, title: str | None = None, dpi: int = 110) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
+
+
+def nothing_yet(ax, what: str = "no finished runs yet") -> None:
+    """Say so on an axes that has nothing to draw yet (rather than leave it blank)."""
+    ax.text(0.5, 0.5, what, transform=ax.transAxes, ha="center", va="center", color="0.4",
+            fontsize=11)
 
 
 def band(ax, c: CellResult, label: str | None = None) -> None:
