@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bnlab import dist, trainer
+from bnlab import dist, trainer, validation
 from bnlab.data import Dataset, TrainLoader, augment, build_dataset, make_synthetic
 from bnlab.metrics import Meter, read_jsonl
 from bnlab.models import build_model
@@ -216,10 +216,10 @@ def eval_s(model: str, batch: int, n: int = 1024, device: str = "cpu") -> float:
     env = dist.init(device, "auto")
     net = trainer.build_net(cfg).to(env.device)
     val = data.val.to(env.device)
-    trainer.val_metrics(net, data, val, env, batch)  # warm-up
+    validation.val_metrics(net, data, val, env, batch)  # warm-up
     _sync(env.device)
     t0 = time.perf_counter()
-    trainer.val_metrics(net, data, val, env, batch)
+    validation.val_metrics(net, data, val, env, batch)
     _sync(env.device)
     return time.perf_counter() - t0
 

@@ -1,7 +1,12 @@
-"""`python -m bnlab <command>`: bnlab's tools for any model.
+"""`python -m bnlab <command>`: bnlab's tools for any model and any runs.
 
     python -m bnlab doctor --model torchvision:resnet50 --input 3x224x224 --world 8 \\
         --batch-per-rank 2
+    python -m bnlab runs outputs/train/multirun_<stamp>        # a table across the runs
+    python -m bnlab plot outputs/train/multirun_<stamp> --out runs.png
+
+The entry point sits above the layers: it may reach the harness (bnlab.lab) for the runs'
+tools; nothing in the library imports it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bnlab", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     doctor.add_parser(sub)
+    from bnlab.lab import runs  # the harness's tools (matplotlib): loaded only here
+
+    runs.add_parsers(sub)
     args = parser.parse_args(argv)
     return run_cli(lambda: args.run(args))
 

@@ -154,6 +154,16 @@ def validate(cfg: dict, here: bool = True) -> None:
     that submits them) leaves out what only the machine that trains can check: CUDA, and
     how many local ranks it can run."""
     check_keys(cfg, schema())
+    _check_run(cfg)
+    _check_data(cfg)
+    _check_optim(cfg)
+    _check_dist(cfg, here)
+    _check_records(cfg)
+    _check_precise_bn(cfg)
+
+
+def _check_run(cfg: dict) -> None:
+    """The top-level keys: batch, steps, epochs, evaluation, logging, seed, resume."""
     _pos_int(cfg, "batch_per_gpu", "a positive integer (images per rank per micro-batch)")
     _pos_int(cfg, "grad_accum", "a positive integer (micro-batches per optimizer step)")
     _pos_int(cfg, "max_steps", "a whole number of optimizer steps (0 = all epochs)", minimum=0)
@@ -165,6 +175,13 @@ def validate(cfg: dict, here: bool = True) -> None:
     _pos_int(cfg, "eval_every", "a positive integer (evaluations per epoch)")
     _pos_int(cfg, "log_every", "a positive integer (optimizer steps between log lines)")
     _pos_int(cfg, "seed", "a non-negative integer", minimum=0)
+    sparse = cfg.get("eval_sparse_until", 0.0)
+    _need(_is_num(sparse) and 0 <= sparse < 1, "eval_sparse_until", "a fraction of training in "
+          "[0, 1)", sparse)
+
+
+def _check_data(cfg: dict) -> None:
+    """The registries' names (model, data, norm) and the data group."""
     _choice(cfg, "model.name", sorted(MODELS))
     _choice(cfg, "data.name", sorted(DATASETS))
     _choice(cfg, "norm.kind", sorted(NORMS))
@@ -174,14 +191,13 @@ def validate(cfg: dict, here: bool = True) -> None:
              minimum=0)
     _pos_int(cfg, "data.holdout_seed", "a non-negative integer", minimum=0)
     _pos_int(cfg, "data.image_size", "an integer of at least 8 (pixels a side)", minimum=8)
-    sparse = cfg.get("eval_sparse_until", 0.0)
-    _need(_is_num(sparse) and 0 <= sparse < 1, "eval_sparse_until", "a fraction of training in "
-          "[0, 1)", sparse)
     _pos_int(cfg, "data.eval_batch")
     for k in ("augment", "rank_skew"):
         v = cfg["data"].get(k, False)
         _need(isinstance(v, bool), f"data.{k}", "true or false", v)
 
+
+def _check_optim(cfg: dict) -> None:
     o = cfg["optim"]
     _need(o.get("name", "sgd") in OPTIMIZERS, "optim.name",
           f"one of {', '.join(OPTIMIZERS)} (pick it with optim=<name>)", o.get("name"))
@@ -207,6 +223,9 @@ def validate(cfg: dict, here: bool = True) -> None:
     _need(_is_num(o["step_gamma"]) and 0 < o["step_gamma"] <= 1, "optim.step_gamma",
           "a number in (0, 1]", o["step_gamma"])
 
+
+def _check_dist(cfg: dict, here: bool) -> None:
+    """Devices, backends and ranks (`here`: on the machine that trains), and the logger."""
     d = cfg["dist"]
     _choice(cfg, "dist.device", ("auto", "cpu", "cuda"))
     _choice(cfg, "dist.backend", ("auto", "gloo", "nccl"))
@@ -236,6 +255,9 @@ def validate(cfg: dict, here: bool = True) -> None:
     _pos_int(cfg, "dist.threads", "a non-negative integer (0 = cores / local ranks)", minimum=0)
     _choice(cfg, "logger.wandb.mode", WANDB_MODES)
 
+
+def _check_records(cfg: dict) -> None:
+    """What evaluations measure and keep: diagnostics and record."""
     _need(isinstance(cfg["diagnostics"]["enabled"], bool), "diagnostics.enabled",
           "true or false", cfg["diagnostics"]["enabled"])
     _pos_int(cfg, "diagnostics.min_values")
@@ -255,6 +277,9 @@ def validate(cfg: dict, here: bool = True) -> None:
         _need(rec["decompose_samples"] >= one, "record.decompose_samples",
               f"at least one PreciseBN batch over all ranks ({one} images; or lower "
               "precise_bn.batch)", rec["decompose_samples"])
+
+
+def _check_precise_bn(cfg: dict) -> None:
     _pos_int(cfg, "precise_bn.every", "a non-negative integer (epochs between runs; 0 = never)",
              minimum=0)
     _need(isinstance(cfg["precise_bn"]["at_end"], bool), "precise_bn.at_end", "true or false",

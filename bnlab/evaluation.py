@@ -25,7 +25,8 @@ from bnlab.diagnostics import train_mode_accuracy
 from bnlab.errors import BnlabError
 from bnlab.norms import RankBatchNorm
 from bnlab.precise_bn import ESTIMATORS, recalibrate, set_running_stats
-from bnlab.trainer import build_net, val_metrics
+from bnlab.trainer import build_net
+from bnlab.validation import val_metrics
 
 
 def _load_rank_stats(model, stats: dict) -> None:

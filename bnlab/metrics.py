@@ -204,3 +204,25 @@ def summary(run_dir: Path, result: dict) -> str:
     if "checkpoint.pt" in files:
         lines.append(f"  evaluate it: python evaluate.py run={run_dir}")
     return "\n".join(lines)
+
+
+def essentials(cfg: dict, n_train: int, n_val: int, size: int, env, per_step: int) -> str:
+    # env: the run's DistEnv (its world and device)
+    """The run in one line, at its start: what trains on what, at which rate, for how long."""
+    from bnlab import optim
+
+    sim, o, d = cfg["dist"]["simulate"], cfg["optim"], cfg["data"]
+    ranks = f"{env.world * sim} ranks" + (" (simulated)" if sim > 1 else "") \
+        if env.world * sim > 1 else "1 rank"
+    accum = f" x {cfg['grad_accum']} accumulated" if cfg["grad_accum"] > 1 else ""
+    warm = f", {o['warmup_epochs']:g} warmup epochs" if o["warmup_epochs"] else ""
+    base = o.get("scale_from", 0)
+    rate = f"{optim.peak_lr(o, per_step):g}" + \
+        (f" (= {o['lr']:g} x {per_step} / {base})" if base else "")
+    held = f"{d.get('holdout', 0)} held-out training images" if d.get("holdout") else "test"
+    px = f" at {size} px" if size != 32 else ""
+    return (f"bnlab: {cfg['model']['name']}, {cfg['norm']['kind']}, {ranks} x "
+            f"{cfg['batch_per_gpu']} images{accum}; {o.get('name', 'sgd')} lr {rate} "
+            f"({o['schedule']}{warm}), {cfg['epochs']} epochs; {d['name']}: "
+            f"{n_train} training images{px}, validation on {n_val} ({held}); "
+            f"{env.device}")

@@ -7,7 +7,6 @@ it never parses strings or asks how it was launched.
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -22,19 +21,19 @@ from tqdm import tqdm
 
 from bnlab import checkpoint, dist
 from bnlab.bn_sync import sync_bn_stats
-from bnlab.data import Dataset, TrainLoader, build_dataset, val_batches
-from bnlab.diagnostics import GapProbe, divergence, rank_running_stats, train_mode_accuracy
+from bnlab.data import Dataset, TrainLoader, build_dataset
+from bnlab.diagnostics import GapProbe, rank_running_stats
 from bnlab.errors import BnlabError
-from bnlab.metrics import PREDICTIONS, Meter, MetricsLogger, PredictionLog
+from bnlab.metrics import PREDICTIONS, Meter, MetricsLogger, PredictionLog, essentials
 from bnlab.models import build_model
 from bnlab.norms import convert, set_epoch
-from bnlab.optim import build_optimizer, peak_lr
-from bnlab.precise_bn import recalibrate
+from bnlab.optim import build_optimizer
 from bnlab.preempt import StopRequest
 from bnlab.resume import load_latest, rank_state, restore, truncate_metrics
 from bnlab.rundir import note_resume, set_status, write_run_info
 from bnlab.simulate import SimulatedDDP
 from bnlab.syncbn import syncbn_impl
+from bnlab.validation import bn_health, evaluation, precise_bn_due, run_precise_bn
 
 
 def build_net(cfg: dict) -> nn.Module:
@@ -98,31 +97,6 @@ def train_step(model: nn.Module, micro: list, opt: torch.optim.Optimizer, meter:
     return loss.detach()
 
 
-@torch.no_grad()
-def val_metrics(model: nn.Module, data: Dataset, val, env: dist.DistEnv, batch: int,
-                preds: list | None = None) -> dict:
-    """Eval-mode loss and accuracy over the whole validation set, sharded across ranks;
-    `preds` collects this rank's predicted classes.
-
-    Every rank evaluates with rank 0's BN statistics (what a checkpoint keeps); its own
-    buffers are put back afterwards, so evaluating never changes training.
-    """
-    was_training = model.training
-    own = [b.clone() for b in model.buffers()] if env.distributed else []
-    dist.broadcast_buffers(model)
-    model.eval()
-    meter = Meter(env.device)
-    for x, y in val_batches(data, val, env.device, batch, env.world, env.rank):
-        logits = model(x)
-        meter.add(F.cross_entropy(logits, y), logits, y)
-        if preds is not None:
-            preds.append(logits.argmax(1))
-    model.train(was_training)
-    for b, saved in zip(model.buffers(), own, strict=False):
-        b.copy_(saved)
-    return meter.reduce("val")
-
-
 def wrap(model: nn.Module, cfg: dict, env: dist.DistEnv) -> nn.Module:
     """DDP for real ranks, SimulatedDDP for `dist.simulate` ranks in this process, or as is."""
     sync_buffers = cfg["dist"]["broadcast_buffers"]
@@ -137,98 +111,6 @@ def wrap(model: nn.Module, cfg: dict, env: dist.DistEnv) -> nn.Module:
 def model_state(model: nn.Module) -> dict:
     """The bare model's state dict (rank 0's statistics); simulated ranks' buffers left out."""
     return {k: v for k, v in model.state_dict().items() if "sim_running_" not in k}
-
-
-def precise_bn_due(pb: dict, epoch: int, epochs: int) -> bool:
-    """PreciseBN after epoch `epoch` (0-based): every `every` epochs and/or at the end."""
-    last = epoch + 1 == epochs
-    return (pb["every"] > 0 and (epoch + 1) % pb["every"] == 0) or (pb["at_end"] and last)
-
-
-def precise_eval(model: nn.Module, cfg: dict, data: Dataset, val, env: dist.DistEnv, *,
-                 epoch: int, num_samples: int, augment: bool, apply: bool, key: str,
-                 preds: list | None = None) -> tuple[dict, int]:
-    """Recalibrate (in place when `apply`, else on a copy) on `num_samples` training images of
-    `epoch`'s order and evaluate the result; returns the val metrics and the images used."""
-    pb, sim = cfg["precise_bn"], cfg["dist"]["simulate"]
-    loader = TrainLoader(data, env.device, pb["batch"] * sim, env.world, env.rank, 1,
-                         cfg["seed"] + 1, augment)
-    steps = num_samples // loader.global_micro
-    if steps == 0:
-        raise BnlabError(f"{key}={num_samples} is less than one PreciseBN batch of "
-                         f"{loader.global_micro} images over all ranks; raise it or lower "
-                         "precise_bn.batch.")
-    target = model if apply else copy.deepcopy(model)
-    recalibrate(target, lambda: loader.images(epoch, steps), pb["estimator"], pb["pooling"],
-                progress=env.is_main and cfg["progress"])
-    return val_metrics(target, data, val, env, cfg["data"]["eval_batch"], preds), \
-        steps * loader.global_micro
-
-
-def run_precise_bn(model: nn.Module, cfg: dict, data: Dataset, val, env: dist.DistEnv,
-                   epoch: int) -> dict:
-    """Recalibrate (in place for `apply`, on a copy for `measure`) and evaluate the result."""
-    pb = cfg["precise_bn"]
-    t0 = time.perf_counter()
-    res, n = precise_eval(model, cfg, data, val, env, epoch=epoch, num_samples=pb["num_samples"],
-                          augment=pb["augment"], apply=pb["mode"] == "apply",
-                          key="precise_bn.num_samples")
-    return {"val/acc_precise": res["val/acc"], "val/loss_precise": res["val/loss"],
-            "precise_bn/samples": n, "time/precise_bn_s": time.perf_counter() - t0}
-
-
-def classes(parts: list[torch.Tensor], env: dist.DistEnv) -> torch.Tensor:
-    """The predicted classes of the whole test set in order, from every rank's share."""
-    mine = torch.cat(parts).to("cpu", torch.uint8) if parts else torch.zeros(0, dtype=torch.uint8)
-    return torch.cat(dist.all_gather_object(mine))
-
-
-def evaluation(model: nn.Module, cfg: dict, data: Dataset, val, env: dist.DistEnv,
-               preds: PredictionLog, step: int, epoch: float) -> dict:
-    """One evaluation: val metrics with the running statistics (EMA) and, with
-    `record.decompose` (at evaluations after `record.decompose_after` of training), the same
-    weights with (b) PreciseBN statistics of a fixed,
-    un-augmented set of training images (`decomp/..._precise`) and, unless
-    `record.decompose_batch` is false, (c) each rank batch's own statistics in train mode
-    (`decomp/..._batch`). Each way's predictions go to `preds`."""
-    rec = cfg["record"]
-    record = rec["predictions"]  # the same on every rank: gathering is a collective
-    keep = [] if record else None
-    out = val_metrics(model, data, val, env, cfg["data"]["eval_batch"], keep)
-    ways = [("ema", keep)]
-    if rec["decompose"] and epoch > rec["decompose_after"] * cfg["epochs"] + 1e-9:
-        t0 = time.perf_counter()
-        kp = [] if record else None
-        res, n = precise_eval(model, cfg, data, val, env, epoch=0, augment=False, apply=False,
-                              num_samples=rec["decompose_samples"],
-                              key="record.decompose_samples", preds=kp)
-        out.update({"decomp/acc_precise": res["val/acc"], "decomp/loss_precise": res["val/loss"],
-                    "decomp/samples": n})
-        ways.append(("precise", kp))
-        if rec.get("decompose_batch", True):  # (c): a forward per rank batch of the test set
-            kb = [] if record else None
-            tm = train_mode_accuracy(model, data, val, env, cfg["batch_per_gpu"], kb,
-                                     cfg["data"]["eval_batch"])
-            out.update({"decomp/acc_batch": tm["bn/train_mode/acc"],
-                        "decomp/loss_batch": tm["bn/train_mode/loss"]})
-            ways.append(("batch", kb))
-        out["time/decompose_s"] = time.perf_counter() - t0
-    if record:
-        for kind, parts in ways:
-            preds.log(step, epoch, kind, classes(parts, env))  # rank 0 writes
-    return out
-
-
-def bn_health(model: nn.Module, cfg: dict, data: Dataset, val, env: dist.DistEnv,
-              probe: GapProbe | None) -> dict:
-    """bn/... metrics at an evaluation: rank divergence, batch gap, train-mode accuracy."""
-    out = divergence(rank_running_stats(model, env))
-    if probe is not None:
-        out.update(probe.result())
-    batch = cfg["diagnostics"]["train_mode_batch"] or cfg["batch_per_gpu"]
-    if batch > 1:  # one image alone: BN in train mode has nothing to normalize it with
-        out.update(train_mode_accuracy(model, data, val, env, batch))
-    return out
 
 
 class Clock:
@@ -338,7 +220,7 @@ def setup(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None,
         dist.print0(f"bnlab: note: {len(data.train) % per_step} of the {len(data.train)} training "
                     f"images do not fill an optimizer step of {per_step} and are left out of each "
                     "epoch (different ones each epoch: the order is reshuffled).")
-    dist.print0(essentials(cfg, data, env, per_step))
+    dist.print0(essentials(cfg, len(data.train), len(data.val), data.size, env, per_step))
     evals = eval_points(spe, cfg["eval_every"])  # dense epochs; the others evaluate at the end
     opt, sched = build_optimizer(cfg["optim"], model, spe, cfg["epochs"], per_step)
     meters = [Meter(env.device), Meter(env.device)]
@@ -366,25 +248,6 @@ def setup(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None,
                 data.val.to(env.device), meters, logger, preds, Clock(env.device), step=step,
                 logged=(0.0, step))
     return loop, epoch0, start
-
-
-def essentials(cfg: dict, data: Dataset, env: dist.DistEnv, per_step: int) -> str:
-    """The run in one line, at its start: what trains on what, at which rate, for how long."""
-    sim, o, d = cfg["dist"]["simulate"], cfg["optim"], cfg["data"]
-    ranks = f"{env.world * sim} ranks" + (" (simulated)" if sim > 1 else "") \
-        if env.world * sim > 1 else "1 rank"
-    accum = f" x {cfg['grad_accum']} accumulated" if cfg["grad_accum"] > 1 else ""
-    warm = f", {o['warmup_epochs']:g} warmup epochs" if o["warmup_epochs"] else ""
-    base = o.get("scale_from", 0)
-    rate = f"{peak_lr(o, per_step):g}" + (f" (= {o['lr']:g} x {per_step} / {base})" if base
-                                           else "")
-    held = f"{d.get('holdout', 0)} held-out training images" if d.get("holdout") else "test"
-    size = f" at {data.size} px" if data.size != 32 else ""
-    return (f"bnlab: {cfg['model']['name']}, {cfg['norm']['kind']}, {ranks} x "
-            f"{cfg['batch_per_gpu']} images{accum}; {o.get('name', 'sgd')} lr {rate} "
-            f"({o['schedule']}{warm}), {cfg['epochs']} epochs; {d['name']}: "
-            f"{len(data.train)} training images{size}, validation on {len(data.val)} ({held}); "
-            f"{env.device}")
 
 
 def warn_bn_sync(cfg: dict, ranks: int) -> None:

@@ -268,6 +268,7 @@ def test_sparse_evaluation_before_the_plateau_and_a_larger_image_size(tmp_path):
     assert counts["layer4.1.bn2"] == 4 * 2 * 2 and counts["bn1"] == 4 * 32 * 32
 
 
+@pytest.mark.slow  # CI time (12 s); make test-slow runs it
 def test_three_simulated_ranks_of_one_image_train_and_say_which_images_are_left_out(tmp_path):
     """The refusal for norm=bn at 1 image per rank recommends syncbn over ranks: that run
     trains (its BN-health probe once crashed on a train-mode batch of 1), and the images that
@@ -277,6 +278,7 @@ def test_three_simulated_ranks_of_one_image_train_and_say_which_images_are_left_
     assert "1 of the 256 training images do not fill an optimizer step of 3" in r.stdout
 
 
+@pytest.mark.slow  # CI time (23 s: three launches); make test-slow runs it
 def test_a_short_run_leaves_an_evaluation_a_checkpoint_and_a_summary_and_can_be_extended(
         tmp_path):
     """max_steps within the first epoch: evaluated and checkpointed there, a summary printed,

@@ -150,7 +150,7 @@ class Run:
         return out
 
 
-# The val-acc and val-loss keys of each way of evaluating (bnlab.trainer.evaluation).
+# The val-acc and val-loss keys of each way of evaluating (bnlab.validation.evaluation).
 SERIES = {"ema": ("val/acc", "val/loss"), "precise": ("decomp/acc_precise", "decomp/loss_precise"),
           "batch": ("decomp/acc_batch", "decomp/loss_batch")}
 

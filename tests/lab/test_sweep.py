@@ -250,13 +250,28 @@ def smoke_cfg(cell: Cell) -> dict:
     return cfg
 
 
+def code_path(g: dict) -> tuple:
+    """What of a cell's config chooses which code runs (not the numbers it runs with)."""
+    d, pb, rec = g["data"], g["precise_bn"], g.get("record", {})
+    return (g["model"]["name"], g["norm"]["kind"], g["dist"]["simulate"] > 1,
+            g["dist"]["nproc_per_node"] > 1, g["grad_accum"] > 1, d.get("image_size", 32) != 32,
+            d.get("holdout", 0) > 0, d["augment"], d.get("rank_skew", False), pb["every"] > 0,
+            pb["at_end"], pb["mode"], pb["estimator"], pb["pooling"],
+            rec.get("decompose", False), rec.get("decompose_batch", True),
+            rec.get("predictions", False), g["dist"]["bn_sync"], g["dist"]["broadcast_buffers"],
+            g["optim"].get("name", "sgd"), g["optim"]["schedule"], g["diagnostics"]["enabled"],
+            g["norm"].get("cap_groups"), g["norm"].get("sync_group"),
+            g["norm"].get("freeze_after", 0) > 0, g["norm"].get("impl"))
+
+
 def unique_cells(real: bool) -> list[Cell]:
     """Every cell that runs other code: cells that differ only in numbers the code does not
-    branch on (the learning rate, the seeds) are smoke-run once."""
+    branch on (a rate, a group count, a freeze epoch, how many images are held out) are
+    smoke-run once."""
     seen, out = set(), []
     for p in SPECS:
         for c in load_spec(p).cells:
-            shape = json.dumps({**c.cfg, "optim": {**c.cfg["optim"], "lr": 0}}, sort_keys=True)
+            shape = code_path(c.cfg)
             if shape not in seen and (c.cfg["dist"]["nproc_per_node"] > 1) == real:
                 seen.add(shape)
                 out.append(c)
