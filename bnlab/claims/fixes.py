@@ -41,7 +41,7 @@ from bnlab.claims.decompose import gains
 from bnlab.jitter import on_plateau
 from bnlab.lab import table
 from bnlab.lab.analysis import NO_LEARNING, SEPARATED, Stat, p_above
-from bnlab.lab.figures import band, legend, nothing_yet, plt, save
+from bnlab.lab.figures import band, legend, plt, save
 from bnlab.lab.results import CellResult, Run, fmt
 from bnlab.lab.table import RunsData, Verdict
 
@@ -229,10 +229,8 @@ def plot(d: RunsData, path: Path) -> None:
     ax.set(title="plateau jitter (von Neumann sd) per seed", ylabel="points")
     ax.grid(alpha=0.3, axis="y")
     legend(ax, 8)
-    if not any(c.runs for c in d.cells):
-        for ax in axes:
-            nothing_yet(ax)
-    save(fig, path, "The fixes at the chosen rate: resnet20, 4 ranks x 2")
+    save(fig, path, "The fixes at the chosen rate: resnet20, 4 ranks x 2",
+         empty=not any(c.runs for c in d.cells))
 
 
 TABLE = table.Table("fixes", ("C6", "C8", "C9"), table.runs_data, render, verdicts, plot,

@@ -59,7 +59,7 @@ from bnlab.claims.decompose import split
 from bnlab.jitter import PLATEAU
 from bnlab.lab import table
 from bnlab.lab.analysis import NO_LEARNING, SEPARATED, Stat, p_above, ratio_interval
-from bnlab.lab.figures import band, legend, nothing_yet, plt, save
+from bnlab.lab.figures import band, legend, plt, save
 from bnlab.lab.results import CellResult, fmt
 from bnlab.lab.table import RunsData, Verdict
 
@@ -363,10 +363,8 @@ def plot(d: RunsData, path: Path) -> None:
                ylabel="points" if key else "points²")
         ax.grid(alpha=0.3)
         legend(ax, 8)
-    if not any(c.runs for c in d.cells):
-        for ax in axes:
-            nothing_yet(ax)
-    save(fig, path, "The learning-rate crossover: resnet20, 4 ranks x 2, constant rate")
+    save(fig, path, "The learning-rate crossover: resnet20, 4 ranks x 2, constant rate",
+         empty=not any(c.runs for c in d.cells))
 
 
 TABLE = table.Table("lr", ("C1", "C3", "C4"), table.runs_data, render, verdicts, plot,

@@ -25,9 +25,13 @@ __all__ = ["plt", "save", "band", "precise_points", "mean_loss", "legend", "text
 PROBLEMS: list[tuple[str, str]] = []
 
 
-def save(fig, path: Path, title: str | None = None, dpi: int = 110) -> None:
+def save(fig, path: Path, title: str | None = None, dpi: int = 110,
+         empty: bool = False) -> None:
     """Give `fig` its title, lay it out, check its text reads cleanly (text_problems), write it
-    to `path` as PNG and free it."""
+    to `path` as PNG and free it; `empty`: no run has finished yet, and every axes says so."""
+    if empty:
+        for ax in fig.axes:
+            nothing_yet(ax)
     if title is not None:
         fig.suptitle(title)
     fig.tight_layout()
