@@ -5,6 +5,7 @@ Each failure is one sentence that names the key and the allowed values.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from numbers import Real
@@ -120,6 +121,7 @@ def max_local_ranks(device: str) -> int:
     return 4 * (os.cpu_count() or 1)
 
 
+@functools.cache  # read once per process: a sweep composes every cell through validate
 def schema() -> dict:
     """Every config key bnlab knows, as nested dicts: configs/train.yaml's own keys and, under
     each group, the keys of all its options (configs/<group>/*.yaml)."""
