@@ -275,10 +275,7 @@ def _check_records(cfg: dict) -> None:
         after = rec.get("decompose_after", 0.0)
         _need(_is_num(after) and 0 <= after < 1, "record.decompose_after",
               "a fraction of training in [0, 1)", after)
-        one = cfg["precise_bn"]["batch"] * world_size(cfg)
-        _need(rec["decompose_samples"] >= one, "record.decompose_samples",
-              f"at least one PreciseBN batch over all ranks ({one} images; or lower "
-              "precise_bn.batch)", rec["decompose_samples"])
+        _one_precise_batch(cfg, "record.decompose_samples")
 
 
 def _check_precise_bn(cfg: dict) -> None:
@@ -290,14 +287,18 @@ def _check_precise_bn(cfg: dict) -> None:
     _choice(cfg, "precise_bn.estimator", ESTIMATORS)
     _choice(cfg, "precise_bn.pooling", POOLINGS)
     _pos_int(cfg, "precise_bn.num_samples")
-    if precise_bn_runs(cfg):
-        one = cfg["precise_bn"]["batch"] * world_size(cfg)
-        _need(cfg["precise_bn"]["num_samples"] >= one, "precise_bn.num_samples",
-              f"at least one PreciseBN batch over all ranks ({one} images; or lower "
-              "precise_bn.batch)", cfg["precise_bn"]["num_samples"])
     _pos_int(cfg, "precise_bn.batch", "a positive integer (PreciseBN images per rank per batch)")
+    if precise_bn_runs(cfg):
+        _one_precise_batch(cfg, "precise_bn.num_samples")
     _need(isinstance(cfg["precise_bn"]["augment"], bool), "precise_bn.augment", "true or false",
           cfg["precise_bn"]["augment"])
+
+
+def _one_precise_batch(cfg: dict, key: str) -> None:
+    """A count of images that PreciseBN measures (`key`) must fill one batch over all ranks."""
+    one = cfg["precise_bn"]["batch"] * world_size(cfg)
+    _need(_get(cfg, key) >= one, key, f"at least one PreciseBN batch over all ranks ({one} "
+          "images; or lower precise_bn.batch)", _get(cfg, key))
 
 
 def precise_bn_runs(cfg: dict) -> bool:
