@@ -19,6 +19,7 @@ from bnlab import dist, trainer, validation
 from bnlab.data import Dataset, TrainLoader, augment, build_dataset, make_synthetic
 from bnlab.metrics import Meter, read_jsonl
 from bnlab.models import build_model
+from bnlab.net import build_net
 from bnlab.optim import build_optimizer
 from bnlab.precise_bn import recalibrate
 
@@ -138,7 +139,7 @@ def ddp_step_s(model: str, norm: str, batch: int, steps: int, warmup: int, simul
 
     env = dist.init(device, "auto", threads=threads)
     cfg = _ddp_cfg(model, norm, simulate)
-    net_model = trainer.build_net(cfg).to(env.device)
+    net_model = build_net(cfg).to(env.device)
     net = trainer.wrap(net_model, cfg, env)
     n = (steps + warmup) * batch * env.world * simulate
     train, val = make_synthetic(num_train=n, num_val=8)
@@ -198,7 +199,7 @@ def precise_bn_s(model: str, simulate: int, batch: int, samples: int) -> float:
     """Seconds for one PreciseBN recalibration (train estimator, pooled), as the trainer
     runs it: `samples` images in batches of `batch` per rank over `simulate` ranks."""
     cfg = _ddp_cfg(model, "bn", simulate)
-    net = trainer.wrap(trainer.build_net(cfg), cfg, dist.init("cpu", "gloo"))
+    net = trainer.wrap(build_net(cfg), cfg, dist.init("cpu", "gloo"))
     train, val = make_synthetic(num_train=samples, num_val=8)
     loader = TrainLoader(Dataset(train, val, (0.5,) * 3, (0.25,) * 3), torch.device("cpu"),
                          batch * simulate, 1, 0, 1, seed=1, augment=False)
@@ -214,7 +215,7 @@ def eval_s(model: str, batch: int, n: int = 1024, device: str = "cpu") -> float:
                           "seed": 0, "train_limit": 0, "val_limit": 0})
     cfg = _ddp_cfg(model, "bn", 1)
     env = dist.init(device, "auto")
-    net = trainer.build_net(cfg).to(env.device)
+    net = build_net(cfg).to(env.device)
     val = data.val.to(env.device)
     validation.val_metrics(net, data, val, env, batch)  # warm-up
     _sync(env.device)
@@ -231,7 +232,7 @@ def syncbn_layer_s(shape: tuple[int, ...], reps: int, warmup: int) -> dict[str, 
     wait for), and torch's BatchNorm without any sync."""
     import torch.distributed as tdist
 
-    from bnlab.norms import RankBatchNorm
+    from bnlab.batchnorm import RankBatchNorm
     from bnlab.syncbn import sync_batch_norm, torch_sync_batch_norm
 
     dev = torch.device("cuda", 0)

@@ -15,7 +15,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from bnlab.lab.sweep import read_hosts
+from bnlab.lab.results import read_hosts
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -16,7 +16,7 @@ variance that averaging the variances misses.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
+import torch.distributed as tdist
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -31,11 +31,11 @@ def _rank_stats(bn: _BatchNorm) -> tuple[torch.Tensor, torch.Tensor, bool]:
     if world > 1:
         c = bn.num_features
         return bn.sim_running_mean.view(world, c), bn.sim_running_var.view(world, c), True
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        w = dist.get_world_size()
+    if tdist.is_initialized() and tdist.get_world_size() > 1:
+        w = tdist.get_world_size()
         packed = torch.cat([bn.running_mean, bn.running_var]).double()
         gathered = [torch.empty_like(packed) for _ in range(w)]
-        dist.all_gather(gathered, packed)
+        tdist.all_gather(gathered, packed)
         g = torch.stack(gathered)
         c = bn.num_features
         means, variances = g[:, :c].to(bn.running_mean.dtype), g[:, c:].to(bn.running_var.dtype)

@@ -6,85 +6,25 @@ Each failure is one sentence that names the key and the allowed values.
 from __future__ import annotations
 
 import functools
-import json
 import os
 from numbers import Real
 from pathlib import Path
 
 import torch
 
+from bnlab.batchnorm import SYNCBN_IMPLS
 from bnlab.bn_sync import BN_SYNC_MODES
 from bnlab.data import DATASETS, cifar_missing_message, cifar_present
+from bnlab.dist import world_size
 from bnlab.errors import BnlabError
 from bnlab.models import MODELS
-from bnlab.norms import NORMS, SYNCBN_IMPLS
+from bnlab.norms import NORMS
 from bnlab.optim import OPTIMIZERS, SCHEDULES
 from bnlab.precise_bn import ESTIMATORS, POOLINGS
+from bnlab.rundir import get_dotted
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 RESUME_MODES = ("auto", "never")
-# Keys that cannot change what a run computes: where it writes and how it reports.
-NOT_EXPERIMENT = ("name", "output_dir", "progress", "checkpoint", "checkpoint_every", "log_every",
-                  "resume", "logger", "data.root", "data.download", "dist.threads",
-                  "dist.timeout_s", "dist.device", "dist.backend")
-# ...and, for resuming, keys that change what is measured or when training stops, not the
-# training itself.
-RESUME_MAY_CHANGE = (*NOT_EXPERIMENT, "max_steps", "eval_every", "eval_sparse_until",
-                     "diagnostics", "on_nan",
-                     "data.val_limit", "data.eval_batch")
-
-
-def without(cfg: dict, keys) -> dict:
-    """A deep copy of `cfg` with the dotted `keys` removed."""
-    c = json.loads(json.dumps(cfg))
-    for dotted in keys:
-        *parents, leaf = dotted.split(".")
-        d = c
-        for p in parents:
-            d = d.get(p, {})
-        d.pop(leaf, None)
-    return c
-
-
-# Keys added after runs were made, at the value those runs had: a config holding one at that
-# value is the same experiment as one without it (run directory names, resume checks).
-ADDED_LATER = {"on_nan": "stop", "data.rank_skew": False, "record.predictions": False,
-               "record.decompose": False, "record.decompose_samples": 2048,
-               "record.decompose_after": 0.0, "optim.name": "sgd", "dist.bn_sync": "none",
-               "norm.impl": "auto", "data.holdout": 0, "data.holdout_seed": 0,
-               "data.image_size": 32, "eval_sparse_until": 0.0,
-               "record.decompose_batch": True, "optim.scale_from": 0}
-
-
-def get_dotted(cfg: dict, dotted: str):
-    """The value at a dotted key, or None where any part is missing."""
-    for part in dotted.split("."):
-        cfg = cfg.get(part) if isinstance(cfg, dict) else None
-    return cfg
-
-
-def without_added_later(cfg: dict) -> dict:
-    """`cfg` without the ADDED_LATER keys that hold their old value (and without a group those
-    keys leave empty)."""
-    c = without(cfg, [k for k, v in ADDED_LATER.items() if get_dotted(cfg, k) == v])
-    for group in {k.split(".")[0] for k in ADDED_LATER if "." in k}:
-        if c.get(group) == {} and cfg.get(group) != {}:
-            c.pop(group)
-    return c
-
-
-def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two configs."""
-    out = []
-    for k in sorted(set(old) | set(new)):
-        a, b = old.get(k), new.get(k)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += changed_keys(a, b, f"{prefix}{k}.")
-        elif a != b:
-            out.append(f"{prefix}{k}")
-    return out
-
-
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -99,18 +39,14 @@ def _need(ok: bool, key: str, what: str, value) -> None:
 
 
 def _pos_int(cfg: dict, key: str, what: str = "a positive integer", minimum: int = 1) -> None:
-    v = _get(cfg, key)
+    v = get_dotted(cfg, key)
     _need(_is_int(v) and v >= minimum, key, what, v)
 
 
-def _get(cfg: dict, key: str):
-    for part in key.split("."):
-        cfg = cfg[part]
-    return cfg
 
 
 def _choice(cfg: dict, key: str, allowed) -> None:
-    v = _get(cfg, key)
+    v = get_dotted(cfg, key)
     _need(v in allowed, key, f"one of {', '.join(map(str, allowed))}", v)
 
 
@@ -297,19 +233,13 @@ def _check_precise_bn(cfg: dict) -> None:
 def _one_precise_batch(cfg: dict, key: str) -> None:
     """A count of images that PreciseBN measures (`key`) must fill one batch over all ranks."""
     one = cfg["precise_bn"]["batch"] * world_size(cfg)
-    _need(_get(cfg, key) >= one, key, f"at least one PreciseBN batch over all ranks ({one} "
-          "images; or lower precise_bn.batch)", _get(cfg, key))
+    _need(get_dotted(cfg, key) >= one, key, f"at least one PreciseBN batch over all ranks ({one} "
+          "images; or lower precise_bn.batch)", get_dotted(cfg, key))
 
 
 def precise_bn_runs(cfg: dict) -> bool:
     """Whether PreciseBN runs during training (every few epochs or at the end)."""
     return cfg["precise_bn"]["every"] > 0 or cfg["precise_bn"]["at_end"]
-
-
-def world_size(cfg: dict) -> int:
-    """Ranks of the run: real (torchrun or nproc_per_node) or simulated."""
-    d = cfg["dist"]
-    return int(os.environ.get("WORLD_SIZE", d["nproc_per_node"])) * d["simulate"]
 
 
 def check_data(cfg: dict) -> None:

@@ -14,11 +14,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from bnlab import dist
+from bnlab.batchnorm import RankBatchNorm
 from bnlab.bn_sync import reduce_var_gap
 from bnlab.data import Dataset, val_batches
 from bnlab.jitter import MISSING
 from bnlab.metrics import Meter
-from bnlab.norms import RankBatchNorm
 
 EPS = 1e-5
 

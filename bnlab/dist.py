@@ -14,9 +14,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
+import torch.distributed as tdist
 
 from bnlab.errors import BnlabError
+
+
+def world_size(cfg: dict, processes: int | None = None) -> int:
+    """Ranks of the run, the one definition: its processes (`processes` where the caller knows
+    them, else torchrun's WORLD_SIZE, else dist.nproc_per_node) times the ranks each simulates."""
+    d = cfg["dist"]
+    if processes is None:
+        processes = int(os.environ.get("WORLD_SIZE", d["nproc_per_node"]))
+    return processes * d["simulate"]
 
 
 @dataclass(frozen=True)
@@ -108,12 +117,12 @@ def init(device: str = "auto", backend: str = "auto", timeout_s: float = 300,
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     try:
-        dist.init_process_group(
+        tdist.init_process_group(
             backend=backend,
             timeout=datetime.timedelta(seconds=timeout_s),
             device_id=dev if backend == "nccl" else None,
         )
-    except dist.DistError as e:
+    except tdist.DistError as e:
         raise BnlabError(join_error(e, rank, world, timeout_s)) from None
     return DistEnv(rank, world, local_rank, dev, backend)
 
@@ -144,53 +153,45 @@ def teardown(wait_for_others: bool = True) -> None:
     2.13 when a DDP reducer dropped the last reference). So: barrier, then let the threads
     drain with the GIL released, then destroy.
     """
-    if dist.is_available() and dist.is_initialized():
-        if wait_for_others and dist.get_world_size() > 1:
-            dist.barrier()
+    if tdist.is_available() and tdist.is_initialized():
+        if wait_for_others and tdist.get_world_size() > 1:
+            tdist.barrier()
         time.sleep(0.2)  # releases the GIL: the worker threads finish their clean-up
-        dist.destroy_process_group()
+        tdist.destroy_process_group()
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     """Sum a tensor over ranks in place (no-op for one process) and return it."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    if tdist.is_initialized() and tdist.get_world_size() > 1:
+        tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
     return t
 
 
 def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
     """Max of a tensor over ranks in place (no-op for one process) and return it."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    if tdist.is_initialized() and tdist.get_world_size() > 1:
+        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
     return t
 
 
 def barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
+    if tdist.is_initialized() and tdist.get_world_size() > 1:
+        tdist.barrier()
 
 
 def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:
     """Copy rank `src`'s buffers to every rank, as DDP's buffer sync does at each forward."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    if tdist.is_initialized() and tdist.get_world_size() > 1:
         for b in module.buffers():
-            dist.broadcast(b, src)
-
-
-def broadcast_object(obj, src: int = 0):
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src)
-    return box[0]
+            tdist.broadcast(b, src)
 
 
 def all_gather_object(obj) -> list:
     """Every rank's `obj`, in rank order (a list of one without a process group)."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
+    if not (tdist.is_initialized() and tdist.get_world_size() > 1):
         return [obj]
-    out: list = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    out: list = [None] * tdist.get_world_size()
+    tdist.all_gather_object(out, obj)
     return out
 
 

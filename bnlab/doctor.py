@@ -34,8 +34,9 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
+from bnlab.batchnorm import restore_modes, save_modes
 from bnlab.errors import BnlabError
-from bnlab.norms import restore_modes, save_modes
+from bnlab.syncbn import group_ranks
 
 KINDS = ("bn", "syncbn")
 # A layer is at risk below these per rank (experiments/values tests them against the data).
@@ -109,7 +110,7 @@ def _from_checkpoint(path: Path) -> tuple[nn.Module, str | None]:
     import yaml
 
     from bnlab import checkpoint
-    from bnlab.trainer import build_net
+    from bnlab.net import build_net
     state = checkpoint.load(path)
     if not isinstance(state, dict) or "config" not in state or "model" not in state:
         raise BnlabError(f"--model {path}: not a bnlab checkpoint (no config and model); for "
@@ -191,31 +192,38 @@ def measure(model: nn.Module, shape: tuple[int, ...], world: int, batch: int, no
     return out
 
 
+def bn_value_counts(model: nn.Module, batch_per_gpu: int, image_shape=(3, 32, 32)) -> dict:
+    """Values per channel that each batch-statistics layer normalizes over on one rank
+    (N x H x W): `measure` at one rank, by layer name."""
+    layers = measure(model, tuple(image_shape), 1, batch_per_gpu, None, 0, MIN_VALUES,
+                     MIN_IMAGES)
+    return {layer.name: layer.per_rank for layer in layers if layer.batch_dependent}
+
+
 def _group(world: int, sync_group: int, norm: str | None) -> int:
     """How many ranks share statistics: 1 for bn (and a model left as it is), k for syncbn."""
     if norm != "syncbn":
         return 1
-    return world if sync_group in (0, world) else sync_group
+    return group_ranks(world, sync_group)
 
 
 def _layer_group(m: nn.Module, world: int, sync_group: int, norm: str | None) -> int:
     """Ranks whose samples a layer's training statistics come from; 0 for a layer whose
     statistics do not depend on the batch (GN, LN, InstanceNorm, frozen BN)."""
-    from bnlab.norms import FrozenBatchNorm, RankBatchNorm
+    from bnlab.batchnorm import FrozenBatchNorm, RankBatchNorm
     if not isinstance(m, _BatchNorm) or isinstance(m, FrozenBatchNorm):
         return 0
     if norm:
         return _group(world, sync_group, norm)
     if isinstance(m, nn.SyncBatchNorm):
         return world
-    if isinstance(m, RankBatchNorm) and m.sync != "none":
-        if m.sync_group in (0, world):
-            return world
-        if world % m.sync_group:
+    if isinstance(m, RankBatchNorm):
+        try:
+            return m.group_size(world)
+        except BnlabError:
             raise BnlabError(f"the model's BN layers share statistics in groups of "
                              f"{m.sync_group} ranks, which does not divide --world {world}; "
-                             f"pass a --world that it divides.")
-        return m.sync_group
+                             f"pass a --world that it divides.") from None
     return 1
 
 

@@ -12,20 +12,24 @@ import argparse
 import copy
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 import yaml
 from omegaconf import DictConfig
+from tqdm import tqdm
 
 from bnlab import checkpoint, dist, doctor
+from bnlab.batchnorm import RankBatchNorm
 from bnlab.data import Dataset, Split, TrainLoader, build_dataset
 from bnlab.diagnostics import train_mode_accuracy
 from bnlab.errors import BnlabError
-from bnlab.norms import RankBatchNorm
+from bnlab.net import build_net
 from bnlab.precise_bn import ESTIMATORS, recalibrate, set_running_stats
-from bnlab.trainer import build_net
 from bnlab.validation import val_metrics
 
 
@@ -71,35 +75,53 @@ def load_trained(path: Path, data_root: str | None = None, device: str = "cpu") 
     return TrainedRun(state, train_cfg, env, data, data.val.to(env.device), model)
 
 
+def _train_mode_acc(model, data, val, env, batch: int) -> float:
+    return train_mode_accuracy(model, data, val, env, batch)["bn/train_mode/acc"]
+
+
+def _with_stats(model: nn.Module, stats: dict, acc: Callable) -> float:
+    """Val acc of a copy of `model` holding these running statistics (one rank's, or a mean)."""
+    m = copy.deepcopy(model)
+    _load_rank_stats(m, stats)
+    return acc(m)
+
+
+def _precise_acc(model: nn.Module, loader, steps: int, est: str, acc: Callable) -> float:
+    """Val acc of a copy of `model` with PreciseBN statistics from `steps` batches."""
+    m = copy.deepcopy(model)
+    recalibrate(m, lambda: loader.images(0, steps), est)
+    return acc(m)
+
+
 def evaluate_run(cfg: DictConfig) -> dict:
     path = Path(cfg.run)
     run = load_trained(path, cfg.data_root, cfg.device)
     state, data, val, env, model = run.state, run.data, run.val, run.env, run.model
     acc = run.acc
 
-    rows: dict[str, float] = {}
-    for b in cfg.eval_batches:
-        rows[f"eval mode, batch {b}"] = acc(model, b)
-    for b in cfg.train_mode_batches:
-        rows[f"train mode, batch {b}"] = train_mode_accuracy(model, data, val, env, b)[
-            "bn/train_mode/acc"]
+    tasks: list[tuple[str, Callable[[], float]]] = []  # (row, how to get its val acc)
+    tasks += [(f"eval mode, batch {b}", partial(acc, model, b)) for b in cfg.eval_batches]
+    tasks += [(f"train mode, batch {b}", partial(_train_mode_acc, model, data, val, env, b))
+              for b in cfg.train_mode_batches]
     ranks = state.get("rank_bn_stats") or []
-    for r, stats in enumerate(ranks):
-        m = copy.deepcopy(model)
-        _load_rank_stats(m, stats)
-        rows[f"rank {r} running statistics"] = acc(m)
+    tasks += [(f"rank {r} running statistics", partial(_with_stats, model, stats, acc))
+              for r, stats in enumerate(ranks)]
     if ranks:
         avg = {n: tuple(torch.stack([s[n][i] for s in ranks]).mean(0) for i in (0, 1))
                for n in ranks[0]}
-        m = copy.deepcopy(model)
-        _load_rank_stats(m, avg)
-        rows["average of the ranks' statistics"] = acc(m)
+        tasks.append(("average of the ranks' statistics", partial(_with_stats, model, avg, acc)))
     loader = TrainLoader(data, env.device, cfg.precise_bn_batch, 1, 0, 1, 0, augment=False)
     steps = max(1, cfg.precise_bn_samples // cfg.precise_bn_batch)
-    for est in ESTIMATORS:
-        m = copy.deepcopy(model)
-        recalibrate(m, lambda: loader.images(0, steps), est)
-        rows[f"PreciseBN ({est} estimator)"] = acc(m)
+    tasks += [(f"PreciseBN ({est} estimator)",
+               partial(_precise_acc, model, loader, steps, est, acc)) for est in ESTIMATORS]
+    print(f"checkpoint {path} (epoch {state['epoch']}, step {state['step']}): "
+          f"{len(tasks)} evaluations of {len(val)} validation images", file=sys.stderr)
+    rows: dict[str, float] = {}
+    with tqdm(tasks, desc="evaluate", unit="evaluation", dynamic_ncols=True,
+              disable=None) as bar:  # a bar on a terminal; logs stay clean
+        for name, get in bar:
+            bar.set_postfix_str(name)
+            rows[name] = get()
     out = {"checkpoint": str(path), "epoch": state["epoch"], "step": state["step"],
            "val_acc": rows}
     run_dir = path if path.is_dir() else path.parent

@@ -17,9 +17,10 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from bnlab import dist, doctor, precheck, resume, trainer
 from bnlab.cli import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_FAILED, EXIT_PREEMPTED
-from bnlab.config import check_data, validate, world_size
+from bnlab.config import check_data, validate
 from bnlab.errors import BnlabError
 from bnlab.metrics import summary
+from bnlab.net import build_net
 from bnlab.rundir import read_status, set_status
 
 
@@ -45,11 +46,12 @@ def preflight(cfg: dict, run_dir: Path) -> tuple[dict[str, int], bool]:
     resuming = resume.plan(run_dir, cfg)
     check_writable(run_dir)
     check_data(cfg)
-    model = trainer.build_net(cfg)  # also checks GroupNorm groups against every layer
+    model = build_net(cfg)  # also checks GroupNorm groups against every layer
     side = cfg["data"]["image_size"]
     # The doctor's rule, on the model as built (its BN kinds and sync groups): one rule for the
     # doctor and this warning (python -m bnlab doctor gives the same verdict and fixes).
-    world, batch, least = world_size(cfg), cfg["batch_per_gpu"], cfg["diagnostics"]["min_values"]
+    world, batch = dist.world_size(cfg), cfg["batch_per_gpu"]
+    least = cfg["diagnostics"]["min_values"]
     layers = doctor.measure(model, (3, side, side), world, batch, None, 0, least,
                             doctor.MIN_IMAGES)
     counts = {layer.name: layer.normalized_over for layer in layers if layer.batch_dependent}

@@ -71,8 +71,11 @@ def check(argv: list[str], config_name: str = "train") -> None:
 
 
 def check_or_exit(argv: list[str], config_name: str = "train") -> None:
+    """One sentence and exit status 2 for bad overrides. Under torchrun every rank checks the
+    same command line; only rank 0 says so (torchrun then reports its ranks' exit status)."""
     try:
         check(argv, config_name)
     except BnlabError as e:
-        print(f"bnlab: error: {e}", file=sys.stderr)
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"bnlab: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -30,9 +30,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from tqdm import tqdm
 
 from bnlab import dist
+from bnlab.batchnorm import BatchNormXd, RankBatchNorm, restore_modes, save_modes
 from bnlab.errors import BnlabError
-from bnlab.norms import BatchNormXd, RankBatchNorm, restore_modes, save_modes
-from bnlab.syncbn import acc
+from bnlab.syncbn import in_stats_dtype
 
 ESTIMATORS = ("train", "eval")
 POOLINGS = ("pooled", "averaged")
@@ -90,7 +90,7 @@ class _Moments:
         # from it: accurate, and fast on channel-strided data), then float64 sums across
         # batches and ranks: sum x = n * mean, sum x^2 = M2 + n * mean^2.
         dims = (0, *range(2, x.dim()))
-        x = acc(x.detach())  # half types: sums of squares in fp32 (fp16 would overflow)
+        x = in_stats_dtype(x.detach())  # half types: sums of squares in fp32 (fp16 would overflow)
         m = x.mean(dims, keepdim=True)
         r = x - m
         m2 = (r * r).sum(dims).double()

@@ -20,10 +20,17 @@ import torch.distributed as tdist
 import torch.nn as nn
 
 from bnlab import checkpoint, dist
-from bnlab.config import RESUME_MAY_CHANGE, changed_keys, get_dotted, without, without_added_later
 from bnlab.errors import BnlabError
 from bnlab.metrics import Meter
-from bnlab.rundir import RESUMABLE, read_status_full
+from bnlab.rundir import (
+    RESUMABLE,
+    RESUME_MAY_CHANGE,
+    changed_keys,
+    get_dotted,
+    read_status_full,
+    without,
+    without_added_later,
+)
 
 
 def _alive(pid: int) -> bool:

@@ -23,6 +23,74 @@ FINAL = ("completed", "diverged")
 RESUMABLE = tuple(s for s in STATUSES if s not in FINAL)  # running, failed, preempted
 
 
+# ----------------------------------------------------------------------------------------
+# A run's identity: which config keys make it a different experiment
+
+# Keys that cannot change what a run computes: where it writes and how it reports.
+NOT_EXPERIMENT = ("name", "output_dir", "progress", "checkpoint", "checkpoint_every", "log_every",
+                  "resume", "logger", "data.root", "data.download", "dist.threads",
+                  "dist.timeout_s", "dist.device", "dist.backend")
+# ...and, for resuming, keys that change what is measured or when training stops, not the
+# training itself.
+RESUME_MAY_CHANGE = (*NOT_EXPERIMENT, "max_steps", "eval_every", "eval_sparse_until",
+                     "diagnostics", "on_nan",
+                     "data.val_limit", "data.eval_batch")
+
+
+def without(cfg: dict, keys) -> dict:
+    """A deep copy of `cfg` with the dotted `keys` removed."""
+    c = json.loads(json.dumps(cfg))
+    for dotted in keys:
+        *parents, leaf = dotted.split(".")
+        d = c
+        for p in parents:
+            d = d.get(p, {})
+        d.pop(leaf, None)
+    return c
+
+
+# Keys added after runs were made, at the value those runs had: a config holding one at that
+# value is the same experiment as one without it (run directory names, resume checks).
+ADDED_LATER = {"on_nan": "stop", "data.rank_skew": False, "record.predictions": False,
+               "record.decompose": False, "record.decompose_samples": 2048,
+               "record.decompose_after": 0.0, "optim.name": "sgd", "dist.bn_sync": "none",
+               "norm.impl": "auto", "data.holdout": 0, "data.holdout_seed": 0,
+               "data.image_size": 32, "eval_sparse_until": 0.0,
+               "record.decompose_batch": True, "optim.scale_from": 0}
+
+
+def get_dotted(cfg: dict, dotted: str):
+    """The value at a dotted key, or None where any part is missing."""
+    for part in dotted.split("."):
+        cfg = cfg.get(part) if isinstance(cfg, dict) else None
+    return cfg
+
+
+def without_added_later(cfg: dict) -> dict:
+    """`cfg` without the ADDED_LATER keys that hold their old value (and without a group those
+    keys leave empty)."""
+    c = without(cfg, [k for k, v in ADDED_LATER.items() if get_dotted(cfg, k) == v])
+    for group in {k.split(".")[0] for k in ADDED_LATER if "." in k}:
+        if c.get(group) == {} and cfg.get(group) != {}:
+            c.pop(group)
+    return c
+
+
+def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two configs."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += changed_keys(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}")
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# What a run records
+
 def git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,

@@ -21,7 +21,7 @@ import contextlib
 import torch
 import torch.nn as nn
 
-from bnlab.norms import RankBatchNorm
+from bnlab.batchnorm import RankBatchNorm
 
 
 class SimulatedDDP(nn.Module):

@@ -15,29 +15,36 @@ var_union = mean_r(var_r) + mean_r((mean_r - mean)^2) for equal counts.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
+import torch.distributed as tdist
 
 from bnlab.errors import BnlabError
 
-_GROUPS: dict[tuple[int, int], dist.ProcessGroup | None] = {}
+_GROUPS: dict[tuple[int, int], tdist.ProcessGroup | None] = {}
 
 
-def sync_group(size: int) -> dist.ProcessGroup | None:
+def group_ranks(world: int, sync_group: int) -> int:
+    """How many ranks share batch statistics: groups of `sync_group` consecutive ranks out of
+    `world` (0: all of them). The one rule for the layers, their process groups and the doctor."""
+    size = world if sync_group in (0, world) else sync_group
+    if world % size:
+        raise BnlabError(f"norm.sync_group={size} must divide the number of ranks ({world}).")
+    return size
+
+
+def sync_group(size: int) -> tdist.ProcessGroup | None:
     """The process group of `size` consecutive ranks that holds this rank (0 = all ranks).
 
     Every rank must call this the first time in the same order (new_subgroups is collective).
     """
-    world = dist.get_world_size()
-    size = world if size in (0, world) else size
-    if world % size:
-        raise BnlabError(f"norm.sync_group={size} must divide the number of ranks ({world}).")
+    world = tdist.get_world_size()
+    size = group_ranks(world, size)
     key = (world, size)
     if key not in _GROUPS:
-        _GROUPS[key] = None if size == world else dist.new_subgroups(group_size=size)[0]
+        _GROUPS[key] = None if size == world else tdist.new_subgroups(group_size=size)[0]
     return _GROUPS[key]
 
 
-def acc(x: torch.Tensor) -> torch.Tensor:
+def in_stats_dtype(x: torch.Tensor) -> torch.Tensor:
     """The input in the dtype statistics are computed in: fp32 for half types, else as is."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
@@ -83,12 +90,12 @@ def update_running(bn, mean: torch.Tensor, var_unbiased: torch.Tensor) -> None:
 class _SyncBatchNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, bn, group):
-        xf = acc(x)
+        xf = in_stats_dtype(x)
         n, mean, m2 = local_moments(xf)
-        world = dist.get_world_size(group)
+        world = tdist.get_world_size(group)
         packed = torch.cat([n.view(1), mean, m2]).double()
         gathered = [torch.empty_like(packed) for _ in range(world)]
-        dist.all_gather(gathered, packed, group=group)
+        tdist.all_gather(gathered, packed, group=group)
         g = torch.stack(gathered)
         c = x.shape[1]
         total = g[:, 0].sum()
@@ -125,7 +132,7 @@ class _SyncBatchNorm(torch.autograd.Function):
         dx = None
         if ctx.needs_input_grad[0]:
             red = torch.cat([sum_dy, sum_dy_xhat])
-            dist.all_reduce(red, group=ctx.group)  # the one collective of the backward pass
+            tdist.all_reduce(red, group=ctx.group)  # the one collective of the backward pass
             c = sum_dy.numel()
             scale = invstd if weight is None else invstd * weight.to(xhat.dtype)
             dx = scale.view(shape) * (dyf - red[:c].view(shape) / ctx.total
@@ -161,14 +168,14 @@ def torch_sync_batch_norm(x, bn, group):
     from torch.nn.modules._functions import SyncBatchNorm as TorchSyncBN
 
     factor = bn._ema_factor() if bn.track_running_stats else 0.0
-    group = group or dist.group.WORLD
+    group = group or tdist.group.WORLD
     tracked = bn.track_running_stats
     # torch's function gathers an empty rank's zeros in the input's dtype but the other ranks'
     # statistics in float32 (half and bfloat16 inputs): an empty rank computes in float32 too.
     xs = x.float() if x.numel() == 0 and x.dtype in (torch.float16, torch.bfloat16) else x
     y = TorchSyncBN.apply(xs, bn.weight, bn.bias, bn.running_mean if tracked else None,
                           bn.running_var if tracked else None, bn.eps, factor, group,
-                          dist.get_world_size(group))
+                          tdist.get_world_size(group))
     return y.to(x.dtype)
 
 
@@ -187,25 +194,25 @@ class _AllReduceSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, t, group):
         t = t.clone()
-        dist.all_reduce(t, group=group)
+        tdist.all_reduce(t, group=group)
         ctx.group = group
         return t
 
     @staticmethod
     def backward(ctx, g):
         g = g.clone()
-        dist.all_reduce(g, group=ctx.group)
+        tdist.all_reduce(g, group=ctx.group)
         return g, None
 
 
 def naive_sync_batch_norm(x, bn, group):
     """The flawed sync: average of per-rank means and biased variances (differentiable)."""
-    xf = acc(x)
+    xf = in_stats_dtype(x)
     dims, s = _dims(xf), _shape(xf)
     mean = xf.mean(dims)
     var = xf.var(dims, unbiased=False)
     n = xf.numel() // xf.shape[1]
-    world = dist.get_world_size(group)
+    world = tdist.get_world_size(group)
     stats = _AllReduceSum.apply(torch.cat([mean, var]), group) / world
     c = xf.shape[1]
     gmean, gvar = stats[:c], stats[c:]

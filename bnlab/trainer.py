@@ -20,13 +20,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from bnlab import checkpoint, dist
+from bnlab.batchnorm import set_epoch
 from bnlab.bn_sync import sync_bn_stats
 from bnlab.data import Dataset, TrainLoader, build_dataset
 from bnlab.diagnostics import GapProbe, rank_running_stats
 from bnlab.errors import BnlabError
 from bnlab.metrics import PREDICTIONS, Meter, MetricsLogger, PredictionLog, essentials
-from bnlab.models import build_model
-from bnlab.norms import convert, set_epoch
+from bnlab.net import build_net
 from bnlab.optim import build_optimizer
 from bnlab.preempt import StopRequest
 from bnlab.resume import load_latest, rank_state, restore, truncate_metrics
@@ -34,14 +34,6 @@ from bnlab.rundir import note_resume, set_status, write_run_info
 from bnlab.simulate import SimulatedDDP
 from bnlab.syncbn import syncbn_impl
 from bnlab.validation import bn_health, evaluation, precise_bn_due, run_precise_bn
-
-
-def build_net(cfg: dict) -> nn.Module:
-    """Model with its normalization converted (before any DDP wrapping)."""
-    torch.manual_seed(cfg["seed"])  # same initial weights on every rank and every layout
-    model = build_model(cfg["model"]["name"])
-    norm = {k: v for k, v in cfg["norm"].items() if k != "kind"}
-    return convert(model, cfg["norm"]["kind"], **norm)
 
 
 def ran_syncbn(cfg: dict, env: dist.DistEnv, sim: int) -> str | None:
@@ -141,7 +133,7 @@ def save_checkpoint(run_dir: Path, cfg: dict, model: nn.Module, opt, sched,
     `epoch`/`step_in_epoch`: where training continues (0-based epoch, steps done in it).
     """
     ranks = rank_state(model, meters, env)
-    ranks_bn = rank_running_stats(model, env) if env.world * cfg["dist"]["simulate"] > 1 else []
+    ranks_bn = rank_running_stats(model, env) if dist.world_size(cfg, env.world) > 1 else []
     if env.is_main:
         checkpoint.save(run_dir / checkpoint.CHECKPOINT, {
             "model": model_state(model), "optimizer": opt.state_dict(),

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import CIFAR_MINI, ROOT, SMOKE, run_entry  # noqa: E402
+from conftest import CIFAR_MINI, ROOT, SMOKE, run_here  # noqa: E402
 
 DOC = ROOT / "docs" / "reliability.md"
 BASE = [a for a in SMOKE if not a.startswith("data.root")] + [f"data.root={CIFAR_MINI}"]
@@ -191,7 +191,7 @@ def run_case(case: Case, tmp: Path) -> tuple[int, str, str]:
     args = [a.replace("<tmp>", str(tmp)).replace("<root>", str(ROOT)) for a in case.args]
     out = [f"output_dir={tmp}/out"] if case.script == "train.py" and not any(
         a.startswith(("output_dir=", "hydra.run.dir=")) for a in args) else []
-    r = run_entry(case.script, *case.base, *args, *out, cwd=tmp)
+    r = run_here(case.script, *case.base, *args, *out, cwd=tmp)
     text = r.stderr + r.stdout
     msgs = [ln for ln in r.stderr.splitlines() if ln.startswith("bnlab: error:")]
     msg = msgs[0] if msgs else (r.stderr.strip().splitlines() or [""])[-1]

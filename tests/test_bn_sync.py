@@ -9,10 +9,10 @@ import torch.nn as nn
 
 import bnlab
 from bnlab import dist
+from bnlab.batchnorm import RankBatchNorm
 from bnlab.errors import BnlabError
 from bnlab.metrics import read_jsonl
-from bnlab.norms import RankBatchNorm
-from conftest import SMOKE, needs_cifar, run_dirs, run_entry
+from conftest import SMOKE, needs_cifar, run_dirs, run_here
 
 W, C = 4, 3
 
@@ -57,21 +57,35 @@ def test_simulated_ranks_all_take_the_chosen_statistics(mode):
     assert gap.mean() > 0.3  # rank means 2 sd apart: reduce is far from the union
 
 
-def _worker(mode: str) -> dict:
+MODES = ["broadcast", "reduce", "pooled"]
+
+
+def _worker(modes: list[str]) -> dict:
+    """Each mode on this rank, in one gloo process group (one launch for every mode)."""
     env = dist.init("cpu", "gloo", threads=1)
-    bn = nn.BatchNorm2d(C)
-    means, variances = _rank_stats()
-    bn.running_mean.copy_(means[env.rank])
-    bn.running_var.copy_(variances[env.rank])
-    out = bnlab.sync_bn_stats(nn.Sequential(bn), mode)
+    res = {}
+    for mode in modes:
+        bn = nn.BatchNorm2d(C)
+        means, variances = _rank_stats()
+        bn.running_mean.copy_(means[env.rank])
+        bn.running_var.copy_(variances[env.rank])
+        out = bnlab.sync_bn_stats(nn.Sequential(bn), mode)
+        res[mode] = {"mean": bn.running_mean.numpy().copy(), "var": bn.running_var.numpy().copy(),
+                     "gap": out["bn_sync/reduce_var_gap"]}
     dist.teardown()
-    return {"mean": bn.running_mean.numpy().copy(), "var": bn.running_var.numpy().copy(),
-            "gap": out["bn_sync/reduce_var_gap"]}
+    return res
 
 
-@pytest.mark.parametrize("mode", ["broadcast", "reduce", "pooled"])
-def test_gloo_ranks_agree_with_the_simulation(mode):
-    res = dist.launch_local(_worker, W, mode)
+@pytest.fixture(scope="module")
+def gloo_ranks() -> dict:
+    """mode -> each gloo rank's result, from one launch of W processes."""
+    res = dist.launch_local(_worker, W, MODES)
+    return {mode: [r[mode] for r in res] for mode in MODES}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gloo_ranks_agree_with_the_simulation(mode, gloo_ranks):
+    res = gloo_ranks[mode]
     mean, var = _expected(mode)
     simulated = bnlab.sync_bn_stats(nn.Sequential(_simulated()), mode)["bn_sync/reduce_var_gap"]
     for r in res:
@@ -92,7 +106,7 @@ def test_none_changes_nothing_and_unknown_is_refused():
 @needs_cifar
 def test_trainer_syncs_at_each_epoch_end_and_warns_when_moot(tmp_path):
     common = [*SMOKE, "dist.simulate=2", "batch_per_gpu=4", "dist.bn_sync=pooled"]
-    r = run_entry("train.py", *common, "dist.broadcast_buffers=false",
+    r = run_here("train.py", *common, "dist.broadcast_buffers=false",
                   f"output_dir={tmp_path / 'own'}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "warning" not in r.stdout + r.stderr
@@ -104,11 +118,11 @@ def test_trainer_syncs_at_each_epoch_end_and_warns_when_moot(tmp_path):
     assert len(ranks) == 2 and ranks[0].keys() == ranks[1].keys()
     for name, (mean, var) in ranks[0].items():  # after the sync both ranks hold the union
         assert torch.equal(mean, ranks[1][name][0]) and torch.equal(var, ranks[1][name][1])
-    r = run_entry("train.py", *common, "max_steps=2", f"output_dir={tmp_path / 'moot'}",
+    r = run_here("train.py", *common, "max_steps=2", f"output_dir={tmp_path / 'moot'}",
                   cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "dist.bn_sync=pooled changes little here" in r.stdout + r.stderr
-    r = run_entry("train.py", *SMOKE, "dist.bn_sync=mean", f"output_dir={tmp_path / 'bad'}",
+    r = run_here("train.py", *SMOKE, "dist.bn_sync=mean", f"output_dir={tmp_path / 'bad'}",
                   cwd=tmp_path)
     assert r.returncode == 2 and "dist.bn_sync must be one of" in r.stderr
     assert run_dirs(tmp_path / "bad") == []  # refused before any run directory

@@ -15,7 +15,8 @@ import torch.distributed as tdist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bnlab.norms import RankBatchNorm, convert
+from bnlab.batchnorm import RankBatchNorm
+from bnlab.norms import convert
 from bnlab.simulate import SimulatedDDP
 from bnlab.syncbn import sync_batch_norm, syncbn_impl, torch_sync_batch_norm
 from conftest import SMOKE, needs_cifar, run_dirs, run_entry

@@ -12,10 +12,11 @@ import torch
 from bnlab import dist
 from bnlab.diagnostics import GapProbe, divergence, rank_running_stats
 from bnlab.diagnostics import train_mode_accuracy as tm_acc
+from bnlab.doctor import bn_value_counts
 from bnlab.jitter import MISSING
 from bnlab.models import build_model
-from bnlab.norms import bn_value_counts, convert
-from conftest import SMOKE, needs_cifar, run_dirs, run_entry
+from bnlab.norms import convert
+from conftest import SMOKE, needs_cifar, run_dirs, run_entry, run_here
 
 
 def test_divergence_is_relative_to_rank0():
@@ -128,11 +129,11 @@ def test_values_per_channel_and_risk():
 def test_diagnose_mode_lists_layers_at_risk_without_a_checkpoint(tmp_path):
     args = ["diagnose.enabled=true", "diagnose.model=resnet18", "diagnose.world=4",
             "diagnose.batch_per_gpu=2"]
-    r = run_entry("evaluate.py", *args, cwd=tmp_path)
+    r = run_here("evaluate.py", *args, cwd=tmp_path)
     assert r.returncode == 1, r.stderr  # the doctor's status: layers at risk
     assert "| layer4.1.bn2 | RankBatchNorm | 512 | 2 | 2 | 2 | yes |" in r.stdout
     assert "syncbn over all 4 ranks still gives 8 samples" in r.stdout
-    r = run_entry("evaluate.py", *args, "diagnose.norm=syncbn", cwd=tmp_path)
+    r = run_here("evaluate.py", *args, "diagnose.norm=syncbn", cwd=tmp_path)
     assert "| layer4.1.bn2 | RankBatchNorm | 512 | 2 | 8 | 8 | yes |" in r.stdout
 
 
@@ -141,7 +142,7 @@ def test_evaluate_refuses_missing_or_corrupt_checkpoints(tmp_path, content):
     path = tmp_path / "checkpoint.pt"
     if content is not None:
         path.write_bytes(content)
-    r = run_entry("evaluate.py", f"run={path}", cwd=tmp_path)
+    r = run_here("evaluate.py", f"run={path}", cwd=tmp_path)
     assert r.returncode == 2
     assert "bnlab: error: checkpoint:" in r.stderr and "Traceback" not in r.stderr
 

@@ -10,7 +10,7 @@ import yaml
 
 from bnlab import checkpoint
 from bnlab.__main__ import main
-from bnlab.trainer import build_net
+from bnlab.net import build_net
 from conftest import ROOT
 
 

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
+from bnlab.doctor import bn_value_counts
 from bnlab.models import MODELS, build_model
-from bnlab.norms import bn_value_counts
 
 PARAMS = {"resnet18": 11_181_642, "resnet18_cifar": 11_173_962, "resnet20": 272_474}
 

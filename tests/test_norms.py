@@ -11,9 +11,10 @@ import torchvision
 from torch.nn.modules.batchnorm import _BatchNorm
 
 import bnlab
+from bnlab.batchnorm import BatchNormXd, FrozenBatchNorm, RankBatchNorm
 from bnlab.errors import BnlabError
-from bnlab.norms import BATCH_STAT_KINDS, BatchNormXd, FrozenBatchNorm, RankBatchNorm
 
+BATCH_STAT_KINDS = ("bn", "syncbn", "syncbn_naive", "frozen_bn")  # the norms with batch statistics
 STATE_KINDS = [k for k in BATCH_STAT_KINDS if k != "frozen_bn"]  # train like BN on one rank
 
 

@@ -11,9 +11,10 @@ import torch.nn as nn
 
 import bnlab
 from bnlab import dist
+from bnlab.batchnorm import RankBatchNorm
 from bnlab.errors import BnlabError
 from bnlab.metrics import read_jsonl
-from bnlab.norms import RankBatchNorm, convert
+from bnlab.norms import convert
 from bnlab.precise_bn import recalibrate
 from conftest import SMOKE, needs_cifar, run_dirs, run_entry
 
@@ -103,18 +104,35 @@ def test_no_parameter_or_optimizer_state_changes():
     assert torch.equal(model[1].num_batches_tracked, nbt)
 
 
-def _rank_worker(estimator: str) -> dict:
-    env = dist.init("cpu", "gloo", threads=1)
+def _rank_body(env, estimator: str) -> dict:
     x = _images()
     share = x.chunk(env.world)[env.rank]
     stats = recalibrate(_model(), lambda: share.split(8), estimator)
-    dist.teardown()
     return {k: (m.numpy(), v.numpy()) for k, (m, v) in stats.items()}
 
 
+def _two_ranks_worker(jobs: dict) -> dict:
+    """Every job (name -> body and its arguments) on this rank of one 2-process gloo group:
+    one launch serves every test below (each launch costs seconds)."""
+    env = dist.init("cpu", "gloo", threads=1)
+    out = {name: body(env, *args) for name, (body, args) in jobs.items()}
+    dist.teardown()
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> dict:
+    """name -> each gloo rank's result, from one launch of 2 processes; the refusal last."""
+    jobs = {f"recalibrate {e}": (_rank_body, (e,)) for e in ("train", "eval")}
+    jobs.update({f"precise_bn {k}": (_public_body, ([40, 24], k)) for k in ("bn", "syncbn")})
+    jobs["precise_bn, a rank without batches"] = (_public_body, ([16, 0], "bn"))
+    res = dist.launch_local(_two_ranks_worker, 2, jobs)
+    return {name: [r[name] for r in res] for name in jobs}
+
+
 @pytest.mark.parametrize("estimator", ["train", "eval"])
-def test_two_gloo_ranks_hold_identical_statistics_of_the_union(estimator):
-    res = dist.launch_local(_rank_worker, 2, estimator)
+def test_two_gloo_ranks_hold_identical_statistics_of_the_union(estimator, two_ranks):
+    res = two_ranks[f"recalibrate {estimator}"]
     single = recalibrate(_model(), lambda: _images().split(8), estimator)
     for layer, (mean, var) in single.items():
         for r in res:
@@ -248,8 +266,7 @@ def test_bad_input_is_one_sentence():
         bnlab.precise_bn(_Net(), [])
 
 
-def _public_worker(sizes, kind) -> dict:
-    env = dist.init("cpu", "gloo", threads=1)
+def _public_body(env, sizes, kind) -> dict:
     x = _images(sum(sizes))
     share = x[sum(sizes[:env.rank]):sum(sizes[:env.rank + 1])]  # unequal shares
     model = bnlab.convert(_Net(), kind)  # syncbn: 5 batches on one rank, 3 on the other
@@ -257,22 +274,19 @@ def _public_worker(sizes, kind) -> dict:
         stats = bnlab.precise_bn(model, _loader(share, 8), num_samples=None)
     except BnlabError as e:
         return {"error": str(e)}
-    finally:
-        dist.teardown()
     assert all(m.sync == ("exact" if kind == "syncbn" else "none")
                for m in model.modules() if isinstance(m, RankBatchNorm))
     return {k: (m.numpy(), v.numpy()) for k, (m, v) in stats.items()}
 
 
-def test_a_rank_without_batches_makes_every_rank_refuse():
-    res = dist.launch_local(_public_worker, 2, [16, 0], "bn")
+def test_a_rank_without_batches_makes_every_rank_refuse(two_ranks):
+    res = two_ranks["precise_bn, a rank without batches"]
     assert all("a rank's batches gave no batch" in r["error"] for r in res)
 
 
 @pytest.mark.parametrize("kind", ["bn", "syncbn"])
-def test_precise_bn_on_two_gloo_ranks_gives_each_the_union(kind):
-    sizes = [40, 24]
-    res = dist.launch_local(_public_worker, 2, sizes, kind)
+def test_precise_bn_on_two_gloo_ranks_gives_each_the_union(kind, two_ranks):
+    res = two_ranks[f"precise_bn {kind}"]
     x = _images(64)
     with torch.no_grad():
         mean, var = _stats(_Net().trunk[0](x))

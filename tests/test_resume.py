@@ -18,7 +18,7 @@ import yaml
 from bnlab import resume
 from bnlab.errors import BnlabError
 from bnlab.rundir import read_status, read_status_full, set_status
-from conftest import ROOT, run_entry
+from conftest import ROOT, run_entry, run_here
 
 TINY = ["model=resnet20", "data=synthetic", "data.num_train=256", "data.num_val=64", "epochs=2",
         "batch_per_gpu=8", "eval_every=2", "log_every=2", "progress=false", "dist.threads=1"]
@@ -76,7 +76,7 @@ def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: flo
 def reference(tmp_path_factory) -> Path:
     """The uninterrupted run that every interrupted one must reproduce."""
     d = tmp_path_factory.mktemp("ref") / "run"
-    p = run_entry("train.py", *SIM, f"hydra.run.dir={d}", cwd=d.parent)
+    p = run_here("train.py", *SIM, f"hydra.run.dir={d}", cwd=d.parent)
     assert p.returncode == 0, p.stderr[-2000:]
     return d
 
@@ -90,7 +90,7 @@ def test_kill_9_mid_epoch_then_resume_reproduces_the_run_bitwise(reference, tmp_
     assert read_status(d) == "running"
     with open(d / "metrics.jsonl", "a") as f:
         f.write('{"step": 11, "train/lo')  # a line torn by the crash
-    p = run_entry("train.py", *SIM, f"hydra.run.dir={d}", cwd=tmp_path)
+    p = run_here("train.py", *SIM, f"hydra.run.dir={d}", cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "resuming" in p.stdout and read_status(d) == "completed"
     assert_same_run(reference, d)
@@ -110,7 +110,7 @@ def test_sigterm_checkpoints_at_the_next_step_and_the_next_launch_resumes(refere
     assert st["status"] == "preempted" and st["signal"] == signal.SIGTERM
     assert "preempted: checkpointed at step" in (tmp_path / "first.log").read_text()
     assert torch.load(d / "checkpoint.pt", weights_only=True)["step"] == st["step"]
-    p = run_entry("train.py", *SIM, f"hydra.run.dir={d}", cwd=tmp_path)
+    p = run_here("train.py", *SIM, f"hydra.run.dir={d}", cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     assert_same_run(reference, d)
 

@@ -10,8 +10,8 @@ import torch
 import torch.nn as nn
 
 from bnlab import dist
+from bnlab.batchnorm import RankBatchNorm
 from bnlab.errors import BnlabError
-from bnlab.norms import RankBatchNorm
 
 C = 5
 
@@ -41,8 +41,7 @@ def _np(d: dict) -> dict:
     return {k: v.detach().numpy().copy() for k, v in d.items()}
 
 
-def _sync_worker(sizes, sync, group, momentum, dtype=None):
-    env = dist.init("cpu", "gloo", threads=1)
+def _sync_body(env, sizes, sync, group, momentum, dtype=None):
     bn = RankBatchNorm(C, sync, group, momentum=momentum)
     _affine(bn)
     x, gy = _global_batch(sizes)
@@ -58,8 +57,44 @@ def _sync_worker(sizes, sync, group, momentum, dtype=None):
            "nbt": bn.num_batches_tracked.float().view(1)}
     bn.eval()
     out["y_eval"] = bn(x.detach())
-    dist.teardown()
     return _np(out)
+
+
+def _ranks_worker(jobs: dict) -> dict:
+    """Every job (name -> body and its arguments) on this rank of one gloo process group:
+    one launch of W processes serves every test at W ranks (each launch costs seconds)."""
+    env = dist.init("cpu", "gloo", threads=1)
+    out = {name: body(env, *args) for name, (body, args) in jobs.items()}
+    dist.teardown()
+    return out
+
+
+def _jobs(world: int) -> dict:
+    """What the tests below compute at `world` ranks, by name."""
+    sizes = {2: [[4, 4], [0, 0]], 4: [[3, 1, 5, 2], [3, 0, 4, 2]]}[world]
+    jobs = {f"exact {s}": (_sync_body, (s, "exact", 0, 0.1)) for s in sizes}
+    jobs[f"naive {[3] * world}"] = (_sync_body, ([3] * world, "naive", 0, 1.0))
+    jobs[f"exact {[3] * world} momentum 1"] = (_sync_body, ([3] * world, "exact", 0, 1.0))
+    if world == 2:
+        jobs["bf16"] = (_sync_body, ([4, 4], "exact", 0, 1.0, torch.bfloat16))
+        jobs.update({f"layout {k}": (_layout_body, ([3, 5], k)) for k in TOLERANCE})
+    else:
+        jobs["groups of 2"] = (_sync_body, ([2, 3, 1, 2], "exact", 2, 0.1))
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    """ranks(W)[name]: each rank's result of job `name`, from one launch per W."""
+    done: dict[int, dict] = {}
+
+    def get(world: int) -> dict:
+        if world not in done:
+            res = dist.launch_local(_ranks_worker, world, _jobs(world))
+            done[world] = {name: [r[name] for r in res] for name in res[0]}
+        return done[world]
+
+    return get
 
 
 def _reference(sizes, lo=0, hi=None, momentum=0.1):
@@ -81,8 +116,8 @@ def _close(a, b, what):
 
 @pytest.mark.parametrize("sizes", [[4, 4], [3, 1, 5, 2], [3, 0, 4, 2], [0, 0]],
                          ids=["equal-2", "unequal-4", "empty-rank-4", "all-empty-2"])
-def test_syncbn_equals_batchnorm_on_the_concatenated_batch(sizes):
-    res = dist.launch_local(_sync_worker, len(sizes), sizes, "exact", 0, 0.1)
+def test_syncbn_equals_batchnorm_on_the_concatenated_batch(sizes, ranks):
+    res = ranks(len(sizes))[f"exact {sizes}"]
     bn, x, y, y_eval = _reference(sizes)
     for r, out in enumerate(res):
         _close(out["y"], _chunk(y, sizes, r), f"output rank {r}")
@@ -96,9 +131,9 @@ def test_syncbn_equals_batchnorm_on_the_concatenated_batch(sizes):
     _close(sum(o["db"] for o in res), bn.bias.grad, "bias grad")
 
 
-def test_sync_groups_share_statistics_within_groups_of_k_ranks():
+def test_sync_groups_share_statistics_within_groups_of_k_ranks(ranks):
     sizes = [2, 3, 1, 2]
-    res = dist.launch_local(_sync_worker, 4, sizes, "exact", 2, 0.1)
+    res = ranks(4)["groups of 2"]
     for lo, hi in [(0, 2), (2, 4)]:
         bn, x, y, _ = _reference(sizes, lo, hi)
         for r in range(lo, hi):
@@ -107,9 +142,9 @@ def test_sync_groups_share_statistics_within_groups_of_k_ranks():
             _close(res[r]["rv"], bn.running_var, f"running var rank {r}")
 
 
-def test_statistics_stay_fp32_under_bf16_autocast():
+def test_statistics_stay_fp32_under_bf16_autocast(ranks):
     sizes = [4, 4]
-    res = dist.launch_local(_sync_worker, 2, sizes, "exact", 0, 1.0, torch.bfloat16)
+    res = ranks(2)["bf16"]
     x, _ = _global_batch(sizes)
     xb = x.to(torch.bfloat16).float()  # the values the layer saw, exactly, in fp32
     mean = xb.mean((0, 2, 3))
@@ -120,11 +155,11 @@ def test_statistics_stay_fp32_under_bf16_autocast():
 
 
 @pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
-def test_naive_sync_variance_misses_exactly_the_spread_of_rank_means(world):
+def test_naive_sync_variance_misses_exactly_the_spread_of_rank_means(world, ranks):
     """C12: mean_r(var_r) = var_union - mean_r((mean_r - mean)^2), for equal counts."""
     sizes = [3] * world
-    naive = dist.launch_local(_sync_worker, world, sizes, "naive", 0, 1.0)[0]
-    exact = dist.launch_local(_sync_worker, world, sizes, "exact", 0, 1.0)[0]
+    naive = ranks(world)[f"naive {sizes}"][0]
+    exact = ranks(world)[f"exact {sizes} momentum 1"][0]
     n_rank, n_all = 3 * 9, world * 3 * 9  # values per channel: per rank, in the union
     var_naive = naive["rv"] * (n_rank - 1) / n_rank  # biased variance the naive layer used
     var_true = exact["rv"] * (n_all - 1) / n_all
@@ -150,8 +185,7 @@ def _layout_input(x: torch.Tensor, layout: str) -> torch.Tensor:
     return x
 
 
-def _layout_worker(sizes, layout):
-    env = dist.init("cpu", "gloo", threads=1)
+def _layout_body(env, sizes, layout):
     bn = RankBatchNorm(C, "exact", 0, momentum=1.0)
     _affine(bn)
     if layout == "half_model":
@@ -166,10 +200,8 @@ def _layout_worker(sizes, layout):
     else:
         y = bn(x)
     (y.float() * _chunk(gy, sizes, env.rank)).sum().backward()
-    out = _np({"y": y.float(), "dx": x.grad.float(), "rm": bn.running_mean.float(),
-               "rv": bn.running_var.float()})
-    dist.teardown()
-    return out
+    return _np({"y": y.float(), "dx": x.grad.float(), "rm": bn.running_mean.float(),
+                "rv": bn.running_var.float()})
 
 
 TOLERANCE = {"channels_last": 1e-5, "noncontiguous": 1e-5, "half_model": 2e-3,
@@ -177,9 +209,9 @@ TOLERANCE = {"channels_last": 1e-5, "noncontiguous": 1e-5, "half_model": 2e-3,
 
 
 @pytest.mark.parametrize("layout", list(TOLERANCE))
-def test_syncbn_is_exact_for_layouts_and_half_types(layout):
+def test_syncbn_is_exact_for_layouts_and_half_types(layout, ranks):
     sizes = [3, 5]
-    res = dist.launch_local(_layout_worker, 2, sizes, layout)
+    res = ranks(2)[f"layout {layout}"]
     x, gy = _global_batch(sizes)
     if layout != "channels_last" and layout != "noncontiguous":  # the values the layer saw
         x = x.to(torch.bfloat16 if layout == "bf16_autocast" else torch.float16).float()
@@ -213,6 +245,7 @@ def _compile_worker(sizes):
     return out
 
 
+@pytest.mark.slow  # CI time (about 30 s: compiling); make test-slow runs it
 def test_torch_compile_runs_syncbn_with_the_same_results():
     """It may graph-break at the collectives; it must not crash or change results."""
     res = dist.launch_local(_compile_worker, 2, [3, 5])

@@ -16,7 +16,7 @@ import yaml
 from bnlab import jitter
 from bnlab.metrics import read_jsonl, read_predictions
 from bnlab.rundir import machine
-from conftest import ROOT, SMOKE, needs_cifar, run_dirs, run_entry
+from conftest import ROOT, SMOKE, needs_cifar, run_dirs, run_entry, run_here
 
 pytestmark = needs_cifar
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
@@ -29,8 +29,9 @@ def free_port() -> int:
 
 
 def _train(tmp_path, *extra, launcher=None, sub="out", flags=()):
-    r = run_entry("train.py", *flags, *SMOKE, f"output_dir={tmp_path / sub}", *extra, cwd=tmp_path,
-                  launcher=launcher)
+    args = (*flags, *SMOKE, f"output_dir={tmp_path / sub}", *extra)
+    r = run_here("train.py", *args, cwd=tmp_path) if launcher is None else \
+        run_entry("train.py", *args, cwd=tmp_path, launcher=launcher)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
     return r
@@ -89,7 +90,7 @@ def test_same_config_and_seed_give_the_same_numbers(single_run, tmp_path):
 
 def test_evaluate_reproduces_the_last_validation(single_run, tmp_path):
     # precise_bn_samples: the 256 training images once (the default, 4096, would go round 16 times)
-    r = run_entry("evaluate.py", f"run={single_run}", "precise_bn_samples=256", cwd=tmp_path)
+    r = run_here("evaluate.py", f"run={single_run}", "precise_bn_samples=256", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     out = json.loads((single_run / "eval.json").read_text())["val_acc"]
     last = [row for row in read_jsonl(single_run / "metrics.jsonl") if "val/acc" in row][-1]
@@ -98,7 +99,7 @@ def test_evaluate_reproduces_the_last_validation(single_run, tmp_path):
 
 def test_refuses_to_write_into_a_finished_run(single_run, tmp_path):
     before = (single_run / "metrics.jsonl").read_bytes()
-    r = run_entry("train.py", *SMOKE, f"hydra.run.dir={single_run}", cwd=tmp_path)
+    r = run_here("train.py", *SMOKE, f"hydra.run.dir={single_run}", cwd=tmp_path)
     assert r.returncode == 2 and "already holds a completed run" in r.stderr
     assert (single_run / "metrics.jsonl").read_bytes() == before
 
@@ -127,6 +128,8 @@ def test_torchrun_two_ranks_make_exactly_one_run_directory(tmp_path):
             [r[key] for r in evals], abs=1e-9), kind
 
 
+@pytest.mark.slow  # two torchrun agents as two nodes (about 20 s); the stamp's rule is
+# tested in CI by test_ranks_started_seconds_apart_share_one_stamp and tests/test_dist.py
 def test_two_torchrun_agents_leave_exactly_one_run_directory(tmp_path):
     """A 2-node run as two torchrun agents on this machine (c10d rendezvous, no --rdzv-id,
     no BNLAB_RUN_STAMP, started 1.5 s apart): every rank takes rank 0's stamp from the
@@ -175,6 +178,21 @@ def test_ranks_started_seconds_apart_share_one_stamp(tmp_path):
         time.sleep(1.2)
     stamps = {p.communicate()[0].strip() for p in procs}
     assert len(stamps) == 1 and all(stamps)
+
+
+def test_a_typo_is_said_by_rank_0_only(tmp_path):
+    """Under torchrun every rank checks the command line; one sentence, from rank 0."""
+    for rank, said in (("0", 1), ("3", 0)):
+        r = run_here("train.py", "norm=nope", cwd=tmp_path, env={"RANK": rank})
+        assert r.returncode == 2 and (r.stdout + r.stderr).count("bnlab: error:") == said
+
+
+@pytest.mark.slow  # four processes started through torchrun (about 10 s)
+def test_a_typo_under_torchrun_is_one_sentence(tmp_path):
+    r = run_entry("train.py", "norm=nope", cwd=tmp_path, launcher=[
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4"])
+    assert r.returncode != 0  # torchrun reports its ranks' failure in its own words after it
+    assert (r.stdout + r.stderr).count("bnlab: error: norm=nope is not a norm config") == 1
 
 
 @pytest.mark.slow  # CI time (14 s); make test-slow runs it
@@ -238,7 +256,7 @@ def test_decomposing_simulated_syncbn_ranks_never_changes_training(tmp_path):
     dirs = {}
     for sub, extra in (("plain", []), ("rec", ["record.predictions=true", "record.decompose=true",
                                                "record.decompose_samples=64"])):
-        r = run_entry("train.py", *setting, f"output_dir={tmp_path / sub}", *extra, cwd=tmp_path)
+        r = run_here("train.py", *setting, f"output_dir={tmp_path / sub}", *extra, cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-3000:]
         (dirs[sub],) = run_dirs(tmp_path / sub)
     plain, rec = (_deterministic(read_jsonl(dirs[k] / "metrics.jsonl")) for k in ("plain", "rec"))
@@ -254,8 +272,9 @@ def test_sparse_evaluation_before_the_plateau_and_a_larger_image_size(tmp_path):
     """eval_sparse_until=0.5: only epoch ends before the half, eval_every an epoch after it;
     data.image_size=64 gives resnet18 a 2x2 map in layer4 (4 values per image there)."""
     from bnlab import dist, trainer
+    from bnlab.doctor import bn_value_counts
     from bnlab.lab.spec import compose
-    from bnlab.norms import bn_value_counts
+    from bnlab.net import build_net
 
     cfg = compose(["model=resnet18", "data=synthetic", "data.num_train=32", "data.num_val=16",
                    "epochs=4", "batch_per_gpu=4", "eval_every=4", "eval_sparse_until=0.5",
@@ -264,7 +283,7 @@ def test_sparse_evaluation_before_the_plateau_and_a_larger_image_size(tmp_path):
     trainer.run(cfg, tmp_path, dist.init("cpu", "auto", 60, 0))
     evals = [r["epoch"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "val/acc" in r]
     assert evals == [1, 2, 2.25, 2.5, 2.75, 3, 3.25, 3.5, 3.75, 4]
-    counts = bn_value_counts(trainer.build_net(cfg), 4, (3, 64, 64))
+    counts = bn_value_counts(build_net(cfg), 4, (3, 64, 64))
     assert counts["layer4.1.bn2"] == 4 * 2 * 2 and counts["bn1"] == 4 * 32 * 32
 
 
@@ -294,7 +313,7 @@ def test_a_short_run_leaves_an_evaluation_a_checkpoint_and_a_summary_and_can_be_
     assert json.loads((d / "status.json").read_text())["max_steps"] == 5
     assert [row["step"] for row in read_jsonl(d / "metrics.jsonl") if "val/acc" in row] == [5]
     assert (d / "checkpoint.pt").is_file()  # what evaluate.py run=<d> reads
-    again = run_entry("train.py", *SMOKE, "max_steps=5", f"hydra.run.dir={d}", cwd=tmp_path)
+    again = run_here("train.py", *SMOKE, "max_steps=5", f"hydra.run.dir={d}", cwd=tmp_path)
     assert again.returncode == 2 and "raise max_steps" in again.stderr
     _train(tmp_path, "max_steps=0", f"hydra.run.dir={d}")
     status = json.loads((d / "status.json").read_text())

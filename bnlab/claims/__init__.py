@@ -29,7 +29,7 @@ from bnlab.claims import (
     sync,
     values,
 )
-from bnlab.lab import table
+from bnlab.lab import make, table
 
 TABLES: dict[str, table.Table] = {m.TABLE.name: m.TABLE for m in (
     jitter, batch, ranks, evalmode, rankstats, sync, precisebn, losslog, pitfalls, lrpilot, plateau,
@@ -37,4 +37,4 @@ TABLES: dict[str, table.Table] = {m.TABLE.name: m.TABLE for m in (
 
 
 def main(argv: list[str] | None = None) -> int:
-    return table.main(TABLES, argv)
+    return make.main(TABLES, argv)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from bnlab.lab import table
+from bnlab.lab import page, table
 from bnlab.lab.analysis import NO_LEARNING
 from bnlab.lab.figures import legend, plt, save
 from bnlab.lab.results import CellResult, fmt, mean_of, missing
@@ -50,17 +50,17 @@ def render(d: RunsData) -> str:
     lr = ", ".join(f"{b}: {cells[rows_[0], b].cell.cfg['optim']['lr']:g}" for b in cols)
     return table.runs_page(d, "\n".join([
         "## Val error (%) by images per rank, as in the GroupNorm paper's table", "",
-        table.md_table(header, body), "",
+        page.md_table(header, body), "",
         f"Ours: CIFAR-10 (`{d.tag}`), torchvision resnet18, 4 ranks, 5 epochs, final val error "
         f"= 100 - final val acc, mean ± std over seeds. Learning rate by images per rank ({lr}): "
         "0.1 x global batch / 64. The paper's rows are ResNet-50 on ImageNet, quoted for the "
         "shape only." + (f" {d.spec.extra['note']}" if d.spec.extra.get("note") else ""), "",
-        "## Val acc, swing and seeds", "", table.md_table(header, acc + sw + seeds + steps), "",
+        "## Val acc, swing and seeds", "", page.md_table(header, acc + sw + seeds + steps), "",
         "Every cell trains 5 epochs, so more images per rank means fewer optimizer steps; "
         "compare the rows within a column. A row's final val acc under "
         f"{NO_LEARNING:g}% means the run did not learn (see its train loss in "
         "metrics.jsonl), which L1's verdict leaves out.", "",
-        table.SWING_NOTE, ""]))
+        page.SWING_NOTE, ""]))
 
 
 def steps_of(cells: dict, rows: list[str], col: int) -> str:

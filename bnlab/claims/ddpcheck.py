@@ -24,7 +24,8 @@ from pathlib import Path
 
 from bnlab.cli import run_cli
 from bnlab.errors import BnlabError
-from bnlab.lab.table import md_table, save_results
+from bnlab.lab.page import md_table
+from bnlab.lab.table import save_results
 from bnlab.paths import EXPERIMENTS
 
 OUT = EXPERIMENTS / "jitter"
@@ -51,8 +52,9 @@ def _train(cfg: dict, data, env, dtype, steps: int, nudge: float = 0.0) -> dict[
     import torch
 
     from bnlab.metrics import Meter
+    from bnlab.net import build_net
     from bnlab.optim import build_optimizer
-    from bnlab.trainer import build_net, train_loader, train_step, wrap
+    from bnlab.trainer import train_loader, train_step, wrap
 
     model = build_net(cfg).to(dtype)
     with torch.no_grad():

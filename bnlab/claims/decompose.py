@@ -22,46 +22,15 @@ from pathlib import Path
 import numpy as np
 
 from bnlab import jitter
-from bnlab.lab import table
+from bnlab.lab import page, table
 from bnlab.lab.analysis import Stat
 from bnlab.lab.figures import legend, plt, save
-from bnlab.lab.results import SERIES, CellResult, Run
+from bnlab.lab.results import SERIES, CellResult, split
 from bnlab.lab.table import RunsData, Verdict
 
 WAYS = {"ema": "(a) running (EMA) statistics", "precise": "(b) PreciseBN statistics",
         "batch": "(c) batch statistics, 2 images"}
 PARTS = ("weights", "statistics", "covariance")
-
-
-def split(run: Run, total_epochs: float) -> dict[str, float] | None:
-    """The detrended variance of val acc on the plateau, split (None without the series)."""
-    if run.diverged:
-        return None
-    rows = [r for r in run.rows if r.get("val/acc") is not None
-            and r.get("decomp/acc_precise") is not None
-            and jitter.on_plateau(r["epoch"], total_epochs)]
-    if len(rows) < jitter.MIN_EVALS:
-        return None
-    return jitter.variance_split([r["val/acc"] for r in rows],
-                                 [r["decomp/acc_precise"] for r in rows])
-
-
-def epoch_end_gain(run: Run, total_epochs: float) -> float | None:
-    """C8's paired gain of one run: PreciseBN statistics minus the running statistics on the
-    same weights, val acc points, averaged over the epoch ends of the plateau."""
-    if run.diverged:
-        return None
-    gains = [r["decomp/acc_precise"] - r["val/acc"] for r in run.rows
-             if r.get("decomp/acc_precise") is not None and r.get("val/acc") is not None
-             and jitter.on_plateau(r["epoch"], total_epochs)
-             and abs(r["epoch"] - round(r["epoch"])) < 1e-9]
-    return float(np.mean(gains)) if gains else None
-
-
-def gains(c: CellResult | None) -> list[float]:
-    if c is None:
-        return []
-    return [g for g in (epoch_end_gain(r, c.epochs) for r in c.runs) if g is not None]
 
 
 def split_stat(c: CellResult, part: str, share: bool = False) -> Stat:
@@ -89,11 +58,11 @@ def render(d: RunsData) -> str:
                       c.jstat("churn_floor").fmt(2)])
     return table.runs_page(d, "\n".join([
         "## Val acc on the plateau, the same weights evaluated three ways", "",
-        table.md_table(["cell", "evaluated with", "seeds", "plateau val acc (%)",
+        page.md_table(["cell", "evaluated with", "seeds", "plateau val acc (%)",
                         "von Neumann sd (pts)", "residual sd (pts)", "churn floor (pts)",
                         "churn (%)", "log val-loss jitter"], rows), "",
         "## The detrended variance of (a), split", "",
-        table.md_table(["cell", "total (pts²)", "weights: var of (b)",
+        page.md_table(["cell", "total (pts²)", "weights: var of (b)",
                         "statistics: var of (a) - (b)", "2 cov", "churn floor of (a) (pts)"],
                        parts), "",
         findings(d), "",

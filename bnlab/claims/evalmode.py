@@ -15,8 +15,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from bnlab.lab.plan import plan
 from bnlab.lab.results import eval_json
-from bnlab.lab.spec import data_tag, plan
+from bnlab.lab.spec import data_tag
 from bnlab.lab.table import Context, Table, Verdict
 from bnlab.paths import shown
 

@@ -37,12 +37,11 @@ from pathlib import Path
 import numpy as np
 
 from bnlab.claims import lr as lrtable
-from bnlab.claims.decompose import gains
 from bnlab.jitter import on_plateau
-from bnlab.lab import table
+from bnlab.lab import page, table
 from bnlab.lab.analysis import NO_LEARNING, SEPARATED, Stat, p_above
 from bnlab.lab.figures import band, legend, plt, save
-from bnlab.lab.results import CellResult, Run, fmt
+from bnlab.lab.results import CellResult, Run, fmt, gains
 from bnlab.lab.table import RunsData, Verdict
 
 MIN_SEEDS = 3
@@ -202,7 +201,7 @@ def render(d: RunsData) -> str:
              c.jstat("over_floor").fmt(2), c.jstat("swing").fmt(1)] for c in d.cells]
     ok, why = control(d)
     return table.runs_page(d, "\n".join([
-        table.md_table(["cell", "seeds", "plateau acc (%)", "final acc (%)",
+        page.md_table(["cell", "seeds", "plateau acc (%)", "final acc (%)",
                         "von Neumann sd (pts)", "churn floor (pts)", "jitter / floor",
                         "swing (± pts)"], rows), "",
         f"Control check (table-lr's rule): {why}.", "",

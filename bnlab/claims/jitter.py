@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bnlab.lab import table
+from bnlab.lab import page, table
 from bnlab.lab.figures import band, legend, mean_loss, plt, precise_points, save
 from bnlab.lab.results import CellResult, fmt
 from bnlab.lab.table import RunsData, Verdict
@@ -40,7 +40,7 @@ def render(d: RunsData) -> str:
     by_section = sections(d)
     lines = []
     for sec in ("main", "C4", "cifar_stem"):
-        rows = [[c.cell.label, *table.metric_cells(c)] for c in by_section.get(sec, [])]
+        rows = [[c.cell.label, *page.metric_cells(c)] for c in by_section.get(sec, [])]
         if sec == "main":
             pb = [c for c in by_section.get(sec, []) if c.stat("precise").n]
             extra = [f"- PreciseBN row, val acc after the last recalibration: "
@@ -50,7 +50,7 @@ def render(d: RunsData) -> str:
             extra = []
         if rows:
             lines += [f"## {TITLES[sec]}", "",
-                      table.md_table(["row", *table.METRIC_HEADER], rows), "", *extra, ""]
+                      page.md_table(["row", *page.METRIC_HEADER], rows), "", *extra, ""]
     ddp = by_section.get("ddp", [])
     if ddp:
         lines += ["## Simulation vs real DDP (4 gloo processes), seed 0", "",
@@ -61,7 +61,7 @@ def render(d: RunsData) -> str:
                   ddp_table(ddp, d.cells), ""]
     from bnlab.claims import ddpcheck  # here, so `python -m bnlab.claims.ddpcheck` runs once
 
-    lines += [ddpcheck.section(d.out / ddpcheck.SAVED), table.SWING_NOTE, ""]
+    lines += [ddpcheck.section(d.out / ddpcheck.SAVED), page.SWING_NOTE, ""]
     return table.runs_page(d, "\n".join(lines))
 
 
@@ -90,7 +90,7 @@ def ddp_table(ddp: list[CellResult], cells: list[CellResult]) -> str:
                      " ".join(fmt(a) for a in sim_acc) + " / "
                      + " ".join(fmt(a) for a in real_run.accs),
                      f"{sim_acc[-1] - real_run.accs[-1]:+.1f}" if sim_acc else "-"])
-    return table.md_table(["cell", "steps", "train loss at first log, sim / real",
+    return page.md_table(["cell", "steps", "train loss at first log, sim / real",
                      "max abs loss diff over logs", "val acc at each eval, sim / real",
                      "last val acc diff (pts)"], rows)
 

@@ -19,8 +19,9 @@ from pathlib import Path
 from bnlab.errors import BnlabError
 from bnlab.jitter import MIN_EVALS, step_sd
 from bnlab.lab.figures import plt, save
+from bnlab.lab.plan import run_dir
 from bnlab.lab.results import Run
-from bnlab.lab.spec import load_spec, run_dir
+from bnlab.lab.spec import load_spec
 from bnlab.lab.table import Context, Table, Verdict
 from bnlab.paths import EXPERIMENTS, RUNS, shown
 

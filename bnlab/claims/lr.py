@@ -55,12 +55,11 @@ from pathlib import Path
 
 import numpy as np
 
-from bnlab.claims.decompose import split
 from bnlab.jitter import PLATEAU
-from bnlab.lab import table
+from bnlab.lab import page, table
 from bnlab.lab.analysis import NO_LEARNING, SEPARATED, Stat, p_above, ratio_interval
 from bnlab.lab.figures import band, legend, plt, save
-from bnlab.lab.results import CellResult, fmt
+from bnlab.lab.results import CellResult, fmt, split
 from bnlab.lab.table import RunsData, Verdict
 
 NORMS = ("bn", "syncbn")
@@ -308,7 +307,7 @@ def row(c: CellResult) -> list[str]:
 
 def render(d: RunsData) -> str:
     lines = [f"Chosen rate (experiments/pilot, on held-out data): **{chosen(d):g}**.", "",
-             table.md_table(COLUMNS, [row(c) for lr in rates(d) for n in NORMS
+             page.md_table(COLUMNS, [row(c) for lr in rates(d) for n in NORMS
                                       if (c := cell(d, n, lr)) is not None]), "",
              "## Control check and contrast, rate by rate", ""]
     for lr in rates(d):

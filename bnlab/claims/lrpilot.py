@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bnlab.lab import table
+from bnlab.lab import page, table
 from bnlab.lab.figures import legend, plt, save
 from bnlab.lab.results import CellResult, Run, fmt
 from bnlab.lab.table import RunsData, Verdict
@@ -93,7 +93,7 @@ def render(d: RunsData) -> str:
     picks = [f"- **{m}: lr {p['lr']:g}** ({p['why']}){margin(d, m, p['lr'])}"
              if p["lr"] else f"- **{m}: lr -** ({p['why']})" for m, p in choice(d).items()]
     return table.runs_page(d, "\n".join([
-        table.md_table(["model", "lr", "final val acc (%)", "train loss by epoch", "stable",
+        page.md_table(["model", "lr", "final val acc (%)", "train loss by epoch", "stable",
                         "why"], rows), "",
         "The rate each model's headline runs use (experiments/plateau, experiments/decompose):",
         "", *picks, "",

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bnlab.lab import table
+from bnlab.lab import page, table
 from bnlab.lab.figures import nothing_yet, plt, save
 from bnlab.lab.results import CellResult, fmt
 from bnlab.lab.table import RunsData, Verdict
@@ -113,7 +113,7 @@ def render(d: RunsData) -> str:
     for ch, pick in picks.items():
         key, _, title = CHOICES[ch]
         lines += [f"## {title[0].upper() + title[1:]}", "",
-                  table.md_table([key, "seeds", "plateau acc per seed (%)", "plateau acc (%)",
+                  page.md_table([key, "seeds", "plateau acc per seed (%)", "plateau acc (%)",
                                   "final acc (%)", "von Neumann sd (pts)"],
                                  [row(c, key, pick["value"]) for c in cells_of(d, ch)]), "",
                   f"**Chosen: {chosen(pick['value'])}** ({pick['why']}).", ""]

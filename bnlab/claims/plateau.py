@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from bnlab.jitter import PLATEAU
-from bnlab.lab import table
+from bnlab.lab import page, table
 from bnlab.lab.analysis import SEPARATED, p_above
 from bnlab.lab.figures import band, legend, plt, save
 from bnlab.lab.results import CellResult
@@ -82,7 +82,7 @@ def render(d: RunsData) -> str:
             continue
         lr = cells[0].cell.cfg["optim"]["lr"]
         lines += [f"## {model}, 4 ranks x 2 images, lr {lr:g} constant", "",
-                  table.md_table(COLUMNS, [row(c) for c in cells]), "",
+                  page.md_table(COLUMNS, [row(c) for c in cells]), "",
                   separation(d, model), ""]
     n = next((len(c.runs[0].predictions[0]) for c in d.cells if c.runs
               and c.runs[0].predictions), None)

@@ -22,9 +22,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bnlab.lab.figures import plt, save
+from bnlab.lab.page import seeds_line, wall_line
+from bnlab.lab.plan import plan
 from bnlab.lab.results import train_seconds
-from bnlab.lab.spec import data_tag, plan
-from bnlab.lab.table import Context, Table, Verdict, seeds_line, wall_line
+from bnlab.lab.spec import data_tag
+from bnlab.lab.table import Context, Table, Verdict
 
 POOLINGS = ("pooled", "averaged")
 SAMPLES = (256, 512, 1024, 2048, 4096, 8192)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bnlab.lab import table
+from bnlab.lab import page, table
 from bnlab.lab.figures import band, legend, plt, save
 from bnlab.lab.results import CellResult, mean_of, missing, side_by_side
 from bnlab.lab.table import RunsData, Verdict
@@ -24,14 +24,14 @@ def render(d: RunsData) -> str:
     for c in d.cells:
         cfg = c.cell.cfg
         rows.append([c.cell.label, str(c.cell.meta["global"]), str(cfg["batch_per_gpu"]),
-                     str(cfg["grad_accum"]), f"{cfg['optim']['lr']:g}", *table.metric_cells(c)])
+                     str(cfg["grad_accum"]), f"{cfg['optim']['lr']:g}", *page.metric_cells(c)])
     return table.runs_page(d, "\n".join([
-        table.md_table(["layout", "global batch", "BN batch (images per rank)", "grad_accum",
-                        "lr", *table.METRIC_HEADER], rows), "",
+        page.md_table(["layout", "global batch", "BN batch (images per rank)", "grad_accum",
+                        "lr", *page.METRIC_HEADER], rows), "",
         "Pairs share the global batch, the learning rate and the order of the images (the "
         "sampler is layout-independent): 1x8 with 4x2, and 4x2 + grad_accum 4 with 4x8. "
         "Gradient accumulation enlarges the optimizer's batch, not the batch BN normalizes "
-        "over.", "", table.SWING_NOTE, ""]))
+        "over.", "", page.SWING_NOTE, ""]))
 
 
 def plot(d: RunsData, path: Path) -> None:

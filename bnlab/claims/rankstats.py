@@ -21,9 +21,11 @@ from pathlib import Path
 
 from bnlab.errors import BnlabError
 from bnlab.lab.figures import plt, save
+from bnlab.lab.page import seeds_line, wall_line
+from bnlab.lab.plan import plan
 from bnlab.lab.results import eval_json, train_seconds
-from bnlab.lab.spec import data_tag, plan
-from bnlab.lab.table import Context, Table, Verdict, seeds_line, wall_line
+from bnlab.lab.spec import data_tag
+from bnlab.lab.table import Context, Table, Verdict
 
 WIDE = 0.5  # running means "differ widely": the median layer's ranks differ by 0.5 std or more
 

@@ -23,9 +23,11 @@ from pathlib import Path
 
 from bnlab.errors import BnlabError
 from bnlab.lab.figures import plt, save
+from bnlab.lab.page import seeds_line, wall_line
+from bnlab.lab.plan import plan
 from bnlab.lab.results import finished_run, train_seconds
-from bnlab.lab.spec import data_tag, plan
-from bnlab.lab.table import Context, Table, Verdict, seeds_line, wall_line
+from bnlab.lab.spec import data_tag
+from bnlab.lab.table import Context, Table, Verdict
 from bnlab.paths import BENCH_RESULTS
 
 BATCHES = 50   # global batches of 8 per order for the variance bias

@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from bnlab.doctor import MIN_IMAGES, MIN_VALUES
-from bnlab.lab import table
+from bnlab.lab import page, table
 from bnlab.lab.analysis import mean_interval, ratio_interval
 from bnlab.lab.figures import nothing_yet, plt, save
 from bnlab.lab.results import CellResult, fmt
@@ -194,7 +194,7 @@ def render(d: RunsData) -> str:
     answer, words = governs(d)
     doc, instead = thresholds(d)
     return table.runs_page(d, "\n".join([
-        table.md_table(["cell", "seeds", "values per channel, smallest BN layer",
+        page.md_table(["cell", "seeds", "values per channel, smallest BN layer",
                         "images per rank", "plateau acc (%)", "von Neumann sd (pts)",
                         "churn floor (pts)", "gap to 1x8 (pts, 95% interval)",
                         "jitter / 1x8's (95% interval)", "state"], rows), "",

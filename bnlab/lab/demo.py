@@ -24,10 +24,11 @@ from bnlab.cli import run_cli
 from bnlab.errors import BnlabError
 from bnlab.jitter import PLATEAU
 from bnlab.lab.figures import plt, save
+from bnlab.lab.page import md_table
+from bnlab.lab.plan import Spec
 from bnlab.lab.results import Run, fmt
-from bnlab.lab.spec import Spec, spec_from
+from bnlab.lab.spec import spec_from
 from bnlab.lab.sweep import outcome, sweep
-from bnlab.lab.table import md_table
 from bnlab.paths import CONFIGS
 
 NORMS = ("bn", "syncbn", "gn")

@@ -7,6 +7,7 @@ SIGTERM or Ctrl-C stops the sweep cleanly: nothing new starts, and each running 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -16,11 +17,13 @@ from tqdm import tqdm
 
 from bnlab.errors import BnlabError
 from bnlab.lab.jobs import NOT_STARTED, POLL_S, Stop, TrainJob, job_result
-from bnlab.lab.spec import Cell
+from bnlab.lab.plan import Cell
 from bnlab.rundir import FINAL
 
 LOCAL_TIMEOUT_MIN = 60 * 24 * 30  # no time limit on this machine (submitit's default is 2 min)
 RESEND_S = 5.0  # while a sweep stops, each running job is asked again this often
+BAR = ("{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.0f} epochs "  # progress by epochs
+       "[{elapsed}<{remaining}{postfix}]")
 
 
 def executor(folder: Path):
@@ -47,7 +50,10 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
     if any(needs(c, n_gpus) > n_gpus for c, _, _ in todo):
         raise BnlabError(f"a run needs more GPUs than the {n_gpus} visible here; run it on a "
                          "machine with more, or with --launcher slurm.")
-    with Stop() as stop, tqdm(total=len(todo), desc=name, unit="run", dynamic_ncols=True) as bar:
+    epochs = {d: float(c.cfg["epochs"]) for c, _, d in todo}  # the bar counts epochs trained
+    ended: set[Path] = set()
+    with Stop() as stop, tqdm(total=sum(epochs.values()), desc=name, unit="epoch",
+                              dynamic_ncols=True, bar_format=BAR) as bar:
         asked_at = 0.0  # when the running jobs were last asked to stop
         while queue or running:
             while queue and len(running) < jobs and not stop.asked and \
@@ -79,9 +85,33 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
                 bar.write(f"  {status:9s} {cell.label} seed {seed} ({wall:.0f} s)  {d}")
                 if status not in FINAL and status != "preempted":
                     bar.write(f"    see {d / 'train.log'}")
-                bar.update(1)
+                ended.add(d)
+            done = sum(epochs[d] if d in ended else min(epoch_reached(d), epochs[d])
+                       for d in [*ended, *(v[2] for v in running.values())])
+            bar.n = round(done, 2)
+            bar.set_postfix_str(f"runs {len(ended)}/{len(todo)} ended, {len(running)} running",
+                                refresh=False)
+            bar.refresh()
             time.sleep(POLL_S)
     return counts
+
+
+def epoch_reached(d: Path) -> float:
+    """How far a running run has trained, in epochs: the `epoch` of the last line of its
+    metrics.jsonl (read from the file's end), 0 before its first."""
+    f = d / "metrics.jsonl"
+    try:
+        with open(f, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4096))
+            tail = fh.read().decode(errors="replace").splitlines()
+    except OSError:
+        return 0.0
+    for line in reversed(tail):
+        try:
+            return float(json.loads(line)["epoch"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return 0.0
 
 
 def torch_gpus() -> int:

@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from bnlab import checkpoint, jitter
 from bnlab.errors import BnlabError
 from bnlab.jitter import step_sd, swing, window
 from bnlab.lab.analysis import Stat, finite
-from bnlab.lab.spec import Cell, Spec, plan
+from bnlab.lab.plan import Cell, Spec, plan
 from bnlab.metrics import PREDICTIONS, read_jsonl, read_predictions
 from bnlab.paths import ROOT, RUNS
 from bnlab.rundir import FINAL, read_status
@@ -155,20 +156,14 @@ SERIES = {"ema": ("val/acc", "val/loss"), "precise": ("decomp/acc_precise", "dec
           "batch": ("decomp/acc_batch", "decomp/loss_batch")}
 
 
-# The issue's affordability rule for the training-dynamics tables, on the 2-core machine with
-# the sweep's default of 2 runs side by side.
-BUDGET_MIN = {"target": 45, "all": 120}
-JOBS = 2
-
-
 def run_minutes(runs: list[Run]) -> float:
     """The runs' sweep.json wall times (all launches) summed, each run counted once."""
     return sum({r.path: r.wall_s or 0.0 for r in runs}.values()) / 60
 
 
-def wall_minutes(runs: list[Run]) -> float:
-    """Wall time of the runs as a sweep at JOBS runs side by side would take it."""
-    return run_minutes(runs) / JOBS
+def wall_minutes(runs: list[Run], jobs: int) -> float:
+    """Wall time of the runs as a sweep at `jobs` runs side by side would take it."""
+    return run_minutes(runs) / jobs
 
 
 def finished_run(d: Path, seed: int) -> Run | None:
@@ -180,6 +175,14 @@ def train_seconds(dirs) -> float:
     """The runs' training wall time, summed over their sweep.json records."""
     return round(sum(json.loads((d / "sweep.json").read_text()).get("wall_s", 0.0)
                      for d in dirs if (d / "sweep.json").is_file()), 1)
+
+
+def read_hosts(folder: Path) -> dict[str, list[str]]:
+    """hosts.json read back: each host name -> every machine seen under it (a file written
+    before one name could stand for several machines holds one description per name)."""
+    f = folder / "hosts.json"
+    raw = json.loads(f.read_text()) if f.is_file() else {}
+    return {h: [m] if isinstance(m, str) else list(m) for h, m in raw.items()}
 
 
 def eval_json(d: Path, target: str) -> dict:
@@ -255,6 +258,41 @@ def collect(spec: Spec, tag: str, root: Path = RUNS) -> list[CellResult]:
         if r is not None:
             by_cell[cell.label].append(r)
     return [CellResult(c, by_cell[c.label], len(c.seeds)) for c in spec.cells]
+
+
+# ----------------------------------------------------------------------------------------
+# The first headline protocol's decomposition, read from one run (record.decompose=true)
+
+
+def split(run: Run, total_epochs: float) -> dict[str, float] | None:
+    """The detrended variance of val acc on the plateau, split (None without the series)."""
+    if run.diverged:
+        return None
+    rows = [r for r in run.rows if r.get("val/acc") is not None
+            and r.get("decomp/acc_precise") is not None
+            and jitter.on_plateau(r["epoch"], total_epochs)]
+    if len(rows) < jitter.MIN_EVALS:
+        return None
+    return jitter.variance_split([r["val/acc"] for r in rows],
+                                 [r["decomp/acc_precise"] for r in rows])
+
+
+def epoch_end_gain(run: Run, total_epochs: float) -> float | None:
+    """C8's paired gain of one run: PreciseBN statistics minus the running statistics on the
+    same weights, val acc points, averaged over the epoch ends of the plateau."""
+    if run.diverged:
+        return None
+    gains = [r["decomp/acc_precise"] - r["val/acc"] for r in run.rows
+             if r.get("decomp/acc_precise") is not None and r.get("val/acc") is not None
+             and jitter.on_plateau(r["epoch"], total_epochs)
+             and abs(r["epoch"] - round(r["epoch"])) < 1e-9]
+    return float(np.mean(gains)) if gains else None
+
+
+def gains(c: CellResult | None) -> list[float]:
+    if c is None:
+        return []
+    return [g for g in (epoch_end_gain(r, c.epochs) for r in c.runs) if g is not None]
 
 
 def fmt(x, digits: int = 1) -> str:

@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hydra.experimental.callback import Callback
+
 from bnlab.errors import BnlabError
 from bnlab.lab.figures import legend, nothing_yet, plt, save
+from bnlab.lab.page import md_table
 from bnlab.lab.results import Run, fmt
-from bnlab.lab.table import md_table
 
 
 def find(paths: list[Path]) -> list[Run]:
@@ -109,7 +111,7 @@ def common_root(paths: list[Path]) -> Path | None:
     return Path(paths[0]) if len(paths) == 1 else None
 
 
-class MultirunTable:
+class MultirunTable(Callback):
     """A Hydra callback (configs/train.yaml): when a multirun's last job ends, its table."""
 
     def on_multirun_end(self, config, **kwargs) -> None:

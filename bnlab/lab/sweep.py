@@ -35,7 +35,9 @@ from bnlab.cli import EXIT_PREEMPTED, run_cli
 from bnlab.errors import BnlabError
 from bnlab.lab.jobs import NOT_STARTED, TrainJob, resumable
 from bnlab.lab.local import run_local
-from bnlab.lab.spec import Cell, Spec, data_overrides, data_tag, load_spec, plan, set_aside
+from bnlab.lab.plan import Cell, Spec, plan, set_aside
+from bnlab.lab.results import read_hosts
+from bnlab.lab.spec import data_overrides, data_tag, load_spec
 from bnlab.paths import ROOT, RUNS, shown
 from bnlab.rundir import FINAL, git_commit, machine, read_status
 
@@ -47,14 +49,6 @@ LAUNCHERS = ("local", "slurm")
 RUN_ONLY = ["progress=false", "checkpoint=true", "resume=auto"]
 SUBMITIT = ".submitit"  # submitit's folder of job pickles and logs, under runs/<tag>/
 ALLOW_DIRTY = "BNLAB_ALLOW_DIRTY"  # set (or --allow-dirty): runs from uncommitted code allowed
-
-
-def read_hosts(folder: Path) -> dict[str, list[str]]:
-    """hosts.json read back: each host name -> every machine seen under it (a file written
-    before one name could stand for several machines holds one description per name)."""
-    f = folder / "hosts.json"
-    raw = json.loads(f.read_text()) if f.is_file() else {}
-    return {h: [m] if isinstance(m, str) else list(m) for h, m in raw.items()}
 
 
 def record_host(folder: Path) -> None:

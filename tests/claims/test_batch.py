@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bnlab.claims import batch
-from bnlab.lab.sweep import load_spec
+from bnlab.lab.spec import load_spec
 from bnlab.paths import ROOT
 from conftest import Means, build_table, fake_run
 

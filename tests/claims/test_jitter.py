@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bnlab.claims import jitter
-from bnlab.lab.sweep import load_spec
+from bnlab.lab.spec import load_spec
 from bnlab.paths import ROOT
 from conftest import build_table, fake_run
 

@@ -9,14 +9,15 @@ import pytest
 from bnlab.claims import losslog
 from bnlab.errors import BnlabError
 from bnlab.jitter import step_sd
-from bnlab.lab.sweep import load_spec
+from bnlab.lab.spec import load_spec
 from bnlab.paths import ROOT
 
 
 def test_losslog_compares_the_two_curves_of_one_run(tmp_path):
     from dataclasses import replace
 
-    from bnlab.lab.table import Context, build, write_verdicts
+    from bnlab.lab.readme import write_verdicts
+    from bnlab.lab.table import Context, build
 
     spec = load_spec(ROOT / "experiments/jitter/sweep.yaml")
     cell = next(c for c in spec.cells if c.label == "bn")

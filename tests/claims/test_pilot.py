@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from bnlab.claims import pilot
+from bnlab.lab.plan import Cell, Spec
 from bnlab.lab.results import CellResult, Run
-from bnlab.lab.sweep import Cell, Spec
 from bnlab.lab.table import RunsData
 from bnlab.rundir import set_status
 
@@ -78,7 +78,7 @@ def test_the_settled_sweeps_use_what_the_pilot_chose_from_the_committed_runs():
     """experiments/lr, values, fixes and the pilot's own second stage run at the rate the
     pilot's rule picks from its committed runs; fixes' gn and frozen BN use its other picks."""
     from bnlab.lab.results import collect
-    from bnlab.lab.sweep import load_spec
+    from bnlab.lab.spec import load_spec
     from bnlab.paths import EXPERIMENTS
 
     spec = load_spec(EXPERIMENTS / "pilot" / "sweep.yaml")

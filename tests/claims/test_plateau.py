@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from bnlab.claims import decompose, lrpilot, plateau
-from bnlab.lab.results import CellResult, Run, collect
-from bnlab.lab.sweep import Cell, Spec, load_spec
+from bnlab.lab.plan import Cell, Spec
+from bnlab.lab.results import CellResult, Run, collect, split
+from bnlab.lab.spec import load_spec
 from bnlab.lab.table import RunsData
 from bnlab.metrics import PREDICTIONS, encode_classes
 from bnlab.paths import EXPERIMENTS
@@ -86,7 +87,7 @@ def test_decompose_splits_the_running_statistics_from_the_weights(tmp_path):
     d = tmp_path / "r"
     fake_run(d, ema, decomp=weights)
     run = Run.read(d, 0)
-    s = decompose.split(run, EPOCHS)
+    s = split(run, EPOCHS)
     assert s["statistics"] == pytest.approx(9, rel=0.35) and s["weights"] == pytest.approx(
         1, rel=0.35)
     cell = CellResult(Cell("resnet20 bn", [], [0], cfg={"epochs": EPOCHS}), [run], 1)

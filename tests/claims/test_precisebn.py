@@ -12,7 +12,7 @@ from bnlab import claims, dist, trainer
 from bnlab.claims import precisebn
 from bnlab.errors import BnlabError
 from bnlab.evaluation import load_trained
-from bnlab.lab.sweep import load_spec
+from bnlab.lab.spec import load_spec
 from conftest import CIFAR_MINI, needs_cifar
 
 

@@ -12,7 +12,7 @@ import pytest
 from bnlab import claims, dist, trainer
 from bnlab.claims import rankstats
 from bnlab.errors import BnlabError
-from bnlab.lab.sweep import load_spec
+from bnlab.lab.spec import load_spec
 from conftest import CIFAR_MINI, needs_cifar
 
 ACC = {"eval mode, batch 256": 30.0, "rank 0 running statistics": 30.0,

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from bnlab.claims import fixes, lr, values
+from bnlab.lab.plan import Cell, Spec
 from bnlab.lab.results import CellResult, Run
-from bnlab.lab.sweep import Cell, Spec
 from bnlab.lab.table import RunsData
 from bnlab.metrics import PREDICTIONS, encode_classes
 from bnlab.rundir import set_status

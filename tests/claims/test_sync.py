@@ -12,7 +12,7 @@ import pytest
 from bnlab import claims, dist, trainer
 from bnlab.claims import sync
 from bnlab.errors import BnlabError
-from bnlab.lab.sweep import load_spec
+from bnlab.lab.spec import load_spec
 from conftest import CIFAR_MINI, needs_cifar
 
 

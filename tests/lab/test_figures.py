@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bnlab.lab.sweep import load_spec
+from bnlab.lab.spec import load_spec
 from bnlab.paths import ROOT
 from conftest import fake_run
 

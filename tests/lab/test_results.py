@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from bnlab.lab.results import Run, collect
-from bnlab.lab.sweep import load_spec
+from bnlab.lab.spec import load_spec
 from bnlab.paths import ROOT
 from conftest import fake_run
 
@@ -20,8 +20,8 @@ def test_collect_ignores_unfinished_runs(tmp_path):
 
 
 def test_tables_state_their_wall_time_from_the_run_records(tmp_path):
+    from bnlab.lab.page import wall_line
     from bnlab.lab.results import train_seconds
-    from bnlab.lab.table import wall_line
 
     for i, w in enumerate([100.0, 50.5]):
         (tmp_path / f"r{i}").mkdir()
@@ -34,22 +34,21 @@ def test_tables_state_their_wall_time_from_the_run_records(tmp_path):
 
 
 def test_tables_name_their_seeds_and_say_why_only_when_one():
-    from bnlab.lab.table import seeds_line
+    from bnlab.lab.page import seeds_line
 
     assert seeds_line([{"seed": 1}, {"seed": 1}]).startswith("Seed 1 of each cell: one seed")
     assert seeds_line([{"seed": 2}, {"seed": 1}]) == "Seeds 1, 2."
 
 
 def test_the_budget_line_counts_each_run_once_and_says_whether_it_was_met():
-    from bnlab.lab.table import budget_line
+    from bnlab.lab.page import budget_line
 
     runs = [Run(Path(f"r{i}"), "completed", wall_s=600.0) for i in range(9)]
     # 9 runs of 10 min at 2 side by side: 45 min, the per-target budget exactly.
-    assert budget_line(runs + runs[:3], 9, "target").endswith("come to about 45 min at 2 runs "
+    assert budget_line(runs + runs[:3], 9, 45, 2).endswith("come to about 45 min at 2 runs "
                                                               "side by side: within it")
-    over = budget_line(runs + [Run(Path("r9"), "completed", wall_s=1800.0)], 12,
-                       "target")
+    over = budget_line(runs + [Run(Path("r9"), "completed", wall_s=1800.0)], 12, 45, 2)
     assert "(the 10 of 12 runs finished so far)" in over and "60 min" in over
     assert over.endswith("missed, 1.3x over")
-    assert budget_line(runs, 9, "all").startswith("budget 120 min") and "within it" in \
-        budget_line(runs, 9, "all")
+    assert budget_line(runs, 9, 120, 2).startswith("budget 120 min") and "within it" in \
+        budget_line(runs, 9, 120, 2)

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from bnlab.lab.plan import plan
 from bnlab.lab.slurm import Slurm
-from bnlab.lab.sweep import load_spec, plan, sweep
+from bnlab.lab.spec import load_spec
+from bnlab.lab.sweep import sweep
 from bnlab.paths import ROOT
 from bnlab.rundir import read_status
 from conftest import run_dirs

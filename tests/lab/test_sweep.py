@@ -19,7 +19,8 @@ from bnlab import dist, trainer
 from bnlab.errors import BnlabError
 from bnlab.lab.jobs import TrainJob
 from bnlab.lab.local import executor, gpu_ids
-from bnlab.lab.spec import Cell, compose, load_spec, plan
+from bnlab.lab.plan import Cell, plan
+from bnlab.lab.spec import compose, load_spec
 from bnlab.lab.sweep import sweep, train_job
 from bnlab.paths import EXPERIMENTS, ROOT
 from bnlab.rundir import read_status, set_status
@@ -322,3 +323,14 @@ def test_a_sweep_refuses_a_dirty_working_tree_unless_allowed(tmp_path, monkeypat
     assert sweep_module.launcher_kwargs(sweep_module.argparse.Namespace(
         launcher="local", allow_dirty=True, **dict.fromkeys(sweep_module.SLURM_ONLY))) == \
         {"launcher": "local", "allow_dirty": True}
+
+
+def test_the_progress_bar_counts_epochs_from_the_runs_logs(tmp_path):
+    """A sweep's bar moves with each running run's last logged epoch, not only at run ends."""
+    from bnlab.lab.local import epoch_reached
+
+    assert epoch_reached(tmp_path) == 0.0  # not started: no metrics.jsonl yet
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 1, "epoch": 0.25}\n' + '{"step": 5, "epoch": 1.5, "train/loss": 2.0}\n'
+        + '{"step": 6, "epo')  # the line being written
+    assert epoch_reached(tmp_path) == 1.5

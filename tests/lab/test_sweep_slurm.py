@@ -16,8 +16,9 @@ import pytest
 
 from bnlab.errors import BnlabError
 from bnlab.lab.jobs import TrainJob
+from bnlab.lab.plan import plan
 from bnlab.lab.slurm import Slurm
-from bnlab.lab.spec import load_spec, plan
+from bnlab.lab.spec import load_spec
 from bnlab.lab.sweep import sweep
 from bnlab.paths import EXPERIMENTS
 from bnlab.rundir import set_status

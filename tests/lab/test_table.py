@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from bnlab.errors import BnlabError
-from bnlab.lab.table import Context, Table, Verdict, main, write_headline
+from bnlab.lab.make import main
+from bnlab.lab.readme import write_headline
+from bnlab.lab.table import Context, Table, Verdict
 from bnlab.rundir import read_status
 
 
@@ -105,8 +107,8 @@ def test_the_headline_is_refused_where_its_markers_are_missing(tmp_path):
 def test_a_host_name_shared_by_two_machines_names_both_where_a_run_does_not_say(
         tmp_path, monkeypatch):
     from bnlab.lab import sweep as sweep_mod
+    from bnlab.lab.page import run_machines
     from bnlab.lab.results import Run
-    from bnlab.lab.table import run_machines
 
     (tmp_path / "hosts.json").write_text(json.dumps({"vm": "old cpu"}))  # the older format
     monkeypatch.setattr(sweep_mod.socket, "gethostname", lambda: "vm")

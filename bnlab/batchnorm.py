@@ -1,0 +1,209 @@
+"""The batch-statistics layers bnlab converts BatchNorm into, and their train/eval modes.
+
+`RankBatchNorm` is one class for `bn` (this rank's batch), `syncbn` (the union of all ranks'
+samples, or of groups of `sync_group` ranks; bnlab.syncbn computes it) and `syncbn_naive`;
+`FrozenBatchNorm` stays in eval mode while the model trains; `BatchNormXd` is torch's BN for
+inputs of any rank. bnlab.norms swaps them into a model.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as tdist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from bnlab.errors import BnlabError
+from bnlab.syncbn import (
+    group_ranks,
+    in_stats_dtype,
+    naive_sync_batch_norm,
+    sync_batch_norm,
+    sync_group,
+    syncbn_impl,
+    torch_sync_batch_norm,
+)
+
+SYNC_MODES = ("none", "exact", "naive")
+SYNCBN_IMPLS = ("auto", "torch", "bnlab")  # exact SyncBN's code: auto = torch's on CUDA
+
+
+def _check_dims(x: torch.Tensor) -> None:
+    if x.dim() < 2:
+        raise ValueError(f"expected an input of 2 or more dimensions (N, C, ...), got {x.dim()}")
+
+
+class BatchNormXd(_BatchNorm):
+    """torch's BatchNorm for inputs of any rank from 2 on: what `revert` gives back for a layer
+    whose rank is not known (torch's SyncBatchNorm)."""
+
+    def _check_input_dim(self, x: torch.Tensor) -> None:
+        _check_dims(x)
+
+
+class RankBatchNorm(_BatchNorm):
+    """BatchNorm whose batch statistics come from one rank, a group of ranks, or the naive mix.
+
+    Takes inputs of any rank from 2 on (N, C, ...), as torch's SyncBatchNorm does. In a real
+    process group the statistics are exchanged with collectives. Under the single-process
+    simulation of W ranks (`simulate(W)`), the batch holds all W ranks' samples in rank order
+    and the layer keeps W sets of running statistics; `running_mean` and `running_var` then
+    mirror rank 0's, as a DDP checkpoint would.
+    """
+
+    def __init__(self, num_features: int, sync: str = "none", sync_group: int = 0,
+                 eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, device=None, dtype=None, *,
+                 bias: bool = True, impl: str = "auto"):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats,
+                         device=device, dtype=dtype, bias=bias)
+        assert sync in SYNC_MODES, sync
+        if impl not in SYNCBN_IMPLS:
+            raise BnlabError(f"norm.impl='{impl}' is unknown; choose one of {SYNCBN_IMPLS}.")
+        self.sync, self.sync_group, self.impl = sync, sync_group, impl
+        self.sim_world = 1
+        self.reverts_to: type[_BatchNorm] = nn.BatchNorm2d  # the class `revert` gives back
+
+    def _check_input_dim(self, x: torch.Tensor) -> None:
+        _check_dims(x)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", sync={self.sync}, sync_group={self.sync_group}"
+
+    def _ema_factor(self) -> float:
+        """Counts this batch and returns its weight in the running statistics, as torch does
+        (momentum None: the cumulative average)."""
+        self.num_batches_tracked.add_(1)
+        if self.momentum is None:
+            return 1.0 / float(self.num_batches_tracked)
+        return self.momentum
+
+    # -- simulation -------------------------------------------------------------------------
+
+    def simulate(self, world: int) -> None:
+        """Stand in for `world` ranks: one set of running statistics per simulated rank."""
+        self.sim_world = world
+        if self.track_running_stats:
+            self.register_buffer("sim_running_mean", self.running_mean.repeat(world))
+            self.register_buffer("sim_running_var", self.running_var.repeat(world))
+
+    def rank_stats(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Running (mean, var) of one simulated rank."""
+        c = self.num_features
+        if self.sim_world == 1:
+            return self.running_mean, self.running_var
+        return (self.sim_running_mean.view(-1, c)[rank], self.sim_running_var.view(-1, c)[rank])
+
+    def sync_rank_buffers_from_rank0(self) -> None:
+        """What DDP's forward buffer sync does: every rank takes rank 0's buffers."""
+        if not self.track_running_stats:  # nothing to sync; the forward says why it refuses
+            return
+        c = self.num_features
+        for buf in (self.sim_running_mean, self.sim_running_var):
+            b = buf.view(-1, c)
+            b[1:] = b[0]
+
+    def group_size(self, world: int) -> int:
+        return 1 if self.sync == "none" else group_ranks(world, self.sync_group)
+
+    def _forward_simulated(self, x: torch.Tensor) -> torch.Tensor:
+        w, c = self.sim_world, self.num_features
+        if x.shape[0] % w:
+            raise BnlabError(f"a simulated batch of {x.shape[0]} does not split into {w} ranks.")
+        if not self.track_running_stats:
+            raise BnlabError("the simulation of ranks needs BN layers that track running "
+                             "statistics (track_running_stats=True).")
+        k = self.group_size(w)
+        g, b, rest = w // k, x.shape[0] // w, x.shape[2:]
+        rm, rv = self.sim_running_mean.view(w, c), self.sim_running_var.view(w, c)
+        factor = self._ema_factor()
+        if self.sync == "naive":
+            y = self._naive_simulated(x, w, k, rm, rv, factor)
+        else:
+            # Groups of k consecutive ranks share statistics: lay the G groups side by side
+            # as G*C channels and let one BN kernel normalize each group on its own.
+            xs = x.view(g, k * b, c, *rest).transpose(0, 1).reshape(k * b, g * c, *rest)
+            grm, grv = rm[::k].reshape(-1).clone(), rv[::k].reshape(-1).clone()
+            weight = self.weight.repeat(g) if self.weight is not None else None
+            bias = self.bias.repeat(g) if self.bias is not None else None
+            ys = F.batch_norm(xs, grm, grv, weight, bias, True, factor, self.eps)
+            y = ys.view(k * b, g, c, *rest).transpose(0, 1).reshape(x.shape)
+            rm.view(g, k, c).copy_(grm.view(g, 1, c).expand(g, k, c))
+            rv.view(g, k, c).copy_(grv.view(g, 1, c).expand(g, k, c))
+        self.running_mean.copy_(rm[0])
+        self.running_var.copy_(rv[0])
+        return y
+
+    def _naive_simulated(self, x, w, k, rm, rv, factor) -> torch.Tensor:
+        c, g = self.num_features, w // k
+        xs = in_stats_dtype(x).view(w, x.shape[0] // w, c, -1)  # (rank, sample, channel, pixels)
+        mean_r = xs.mean((1, 3))
+        var_r = xs.var((1, 3), unbiased=False)
+        n = xs.shape[1] * xs.shape[3]
+        gm = mean_r.view(g, k, c).mean(1).repeat_interleave(k, 0)  # (w, c): each rank's group
+        gv = var_r.view(g, k, c).mean(1).repeat_interleave(k, 0)
+        with torch.no_grad():
+            rm.mul_(1 - factor).add_(gm, alpha=factor)
+            rv.mul_(1 - factor).add_(gv * n / max(n - 1, 1), alpha=factor)
+        xhat = (xs - gm[:, None, :, None]) * torch.rsqrt(gv + self.eps)[:, None, :, None]
+        if self.weight is not None:
+            xhat = xhat * self.weight.to(xs.dtype)[:, None]
+        if self.bias is not None:
+            xhat = xhat + self.bias.to(xs.dtype)[:, None]
+        return xhat.reshape(x.shape).to(x.dtype)
+
+    # -- forward ------------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:  # running statistics, or the batch's own where none are kept
+            return super().forward(x)
+        if self.sim_world > 1:
+            return self._forward_simulated(x)
+        if self.sync == "none" or not (tdist.is_initialized() and tdist.get_world_size() > 1):
+            return super().forward(x)
+        _check_dims(x)
+        group = sync_group(self.group_size(tdist.get_world_size()))
+        if self.sync == "naive":
+            return naive_sync_batch_norm(x, self, group)
+        if syncbn_impl(self.impl, x.device) == "torch":
+            return torch_sync_batch_norm(x, self, group)
+        return sync_batch_norm(x, self, group)
+
+
+class FrozenBatchNorm(RankBatchNorm):
+    """BN that stays in eval mode while the model trains (claim C6's diagnostic).
+
+    Running statistics are used and not updated; the affine parameters still train. With
+    `freeze_after` N it trains as plain BN for N epochs first (see `set_epoch`).
+    """
+
+    def __init__(self, num_features: int, freeze_after: int = 0, **kw):
+        super().__init__(num_features, **kw)
+        self.freeze_after = freeze_after
+        self.frozen = freeze_after == 0
+        self.mode_asked = True  # the model's train/eval flag, which `revert` gives back
+
+    def train(self, mode: bool = True):
+        self.mode_asked = mode
+        return super().train(mode and not self.frozen)
+
+
+def set_epoch(model: nn.Module, epoch: int) -> None:
+    """Freeze FrozenBatchNorm layers once `epoch` (0-based) reaches their freeze_after."""
+    for m in model.modules():
+        if isinstance(m, FrozenBatchNorm):
+            m.frozen = epoch >= m.freeze_after
+            m.train(m.mode_asked)
+
+
+def save_modes(model: nn.Module) -> dict:
+    """Every module's train/eval flag (and the mode a frozen BN layer was asked for)."""
+    return {m: (m.training, m.__dict__.get("mode_asked")) for m in model.modules()}
+
+
+def restore_modes(saved: dict) -> None:
+    for m, (training, asked) in saved.items():
+        m.training = training
+        if asked is not None:
+            m.mode_asked = asked

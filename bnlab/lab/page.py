@@ -1,0 +1,117 @@
+"""The lines of a table's page (table.md): markdown tables, where its runs come from
+(provenance), their wall time, seeds, and the metric columns the short-protocol tables share.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bnlab.jitter import MIN_EVALS, WINDOW
+from bnlab.lab.results import (
+    CellResult,
+    Run,
+    read_hosts,
+    run_minutes,
+    wall_minutes,
+)
+from bnlab.paths import RUNS, shown
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def run_machines(run: Run, hosts: dict[str, list[str]]) -> list[str]:
+    """The machines a run trained on, at its start and at each resume: named in its run.json,
+    or, where an older entry names only its host, every machine hosts.json knows under that
+    name, said to be a guess."""
+    out = []
+    for e in [run.info, *run.info.get("resumed", [])]:
+        if e.get("machine"):
+            out.append(e["machine"])
+            continue
+        host = e.get("host", "?")
+        known = " or ".join(f'"{m}"' for m in hosts.get(host, [])) or "unknown"
+        out.append(f"host {host}, machine not recorded per run: {known}")
+    return list(dict.fromkeys(out))
+
+
+def provenance(cells: list[CellResult], tag: str, root: Path = RUNS, budget: int | None = None,
+               jobs: int = 1) -> str:
+    """Data, machine, commits and compute of the runs behind a table, read from the runs; the
+    wall time is stated at `jobs` runs side by side, against `budget` minutes where the sweep
+    spec sets one (its `jobs:` and `budget: {target: ...}`)."""
+    runs = [r for c in cells for r in c.runs]
+    if not runs:
+        return f"No finished runs yet under `{shown(root)}/{tag}/`."
+    commits = sorted({r.info.get("commit") or "?" for r in runs})
+    hosts = read_hosts(root / tag)
+    machines = sorted({m for r in runs for m in run_machines(r, hosts)})
+    devices = sorted({r.info.get("device", "?") for r in runs})
+    torch_v = sorted({r.info.get("versions", {}).get("torch") or "?" for r in runs})
+    expected = sum(c.expected for c in cells)
+    held = sorted({r.holdout for r in runs})
+    where = "its test split" if held == [0] else \
+        f"{' or '.join(map(str, held))} training images held out of training"
+    return "\n".join([
+        f"- Data: `{tag}` (CIFAR-10 training images read from the sweep's `--data`; "
+        f"validation on {where})",
+        f"- Machine: {'; '.join(machines)}; device {', '.join(devices)}; torch "
+        f"{', '.join(torch_v)}",
+        f"- Commit(s): {', '.join(f'`{c}`' for c in commits)}",
+        f"- Runs: {len(runs)} of {expected} finished; summed run time "
+        f"{run_minutes(runs):.1f} min (each run's sweep.json, all its launches; other work "
+        "sometimes shared the cores)",
+        f"- Wall time of this target: {budget_line(runs, expected, budget, jobs)}" if budget else
+        f"- Wall time of this target: about {wall_minutes(runs, jobs):.0f} min at {jobs} runs "
+        f"side by side for the {len(runs)} of {expected} runs finished (no budget: the headline "
+        "protocol takes hours on this machine)",
+    ])
+
+
+def budget_line(runs: list, expected: int, cap: int, jobs: int) -> str:
+    """The runs' wall time at `jobs` runs side by side against a budget of `cap` minutes, in one
+    sentence."""
+    minutes = wall_minutes(runs, jobs)
+    done = len({r.path for r in runs})
+    scope = "" if done == expected else f" (the {done} of {expected} runs finished so far)"
+    verdict = "within it" if minutes <= cap else f"missed, {minutes / cap:.1f}x over"
+    return (f"budget {cap} min on this machine; the runs{scope} come to about {minutes:.0f} "
+            f"min at {jobs} runs side by side: {verdict}")
+
+
+def wall_line(res: dict) -> str:
+    """A results.json's wall times as one sentence for its table."""
+    parts = []
+    if res.get("train_s") is not None:
+        parts.append(f"training its runs took {res['train_s'] / 60:.1f} min of wall time "
+                     "(their sweep.json, summed; runs share the cores with other jobs)")
+    if res.get("measure_s") is not None:
+        parts.append(f"the measuring command took {res['measure_s'] / 60:.1f} min")
+    return ("Wall time on this machine: " + "; ".join(parts) + ".") if parts else ""
+
+
+def seeds_line(cells) -> str:
+    """Which seeds the table's cells ran, and why not more."""
+    seeds = sorted({c["seed"] for c in cells})
+    if len(seeds) > 1:
+        return f"Seeds {', '.join(map(str, seeds))}."
+    return (f"Seed {seeds[0]} of each cell: one seed, because a target gets 30 minutes on this "
+            "2-core machine and one 4x2 run takes about 8 minutes at 2 jobs; differences "
+            "smaller than a run's swing are not evidence here.")
+
+
+SWING_NOTE = (f"Swing: half the peak-to-peak range of val acc over the evaluations in the last "
+              f"{WINDOW:.0%} of training (at least {MIN_EVALS}), the claims' \"+/- points\"; step "
+              "sd: standard deviation of successive differences there. Mean ± std over seeds; "
+              "`-` where no seed finished or every seed diverged.")
+
+METRIC_HEADER = ["seeds", "final val acc (%)", "best val acc (%)", "swing (± pts)",
+                 "step sd (pts)", "final train loss"]
+
+
+def metric_cells(c: CellResult) -> list[str]:
+    """A cell's row under METRIC_HEADER."""
+    return [c.seeds_note(), c.stat("final").fmt(), c.stat("best").fmt(),
+            c.stat("swing").fmt(), c.stat("step_sd").fmt(), c.stat("loss").fmt(2)]
