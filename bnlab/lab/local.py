@@ -65,6 +65,8 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
                     "CUDA_VISIBLE_DEVICES")  # GPUs named by UUID: every run sees all of them
                 job = stop.submit(ex, run)
                 running[job], held[job] = (cell, seed, d), ids
+                bar.initial += min(epoch_reached(d), epochs[d])  # a resumed run's earlier
+                # epochs: counted as done, not in the rate the time left is estimated from
             if stop.asked and time.monotonic() - asked_at > RESEND_S:
                 # Again and again: a job still starting may have missed it (the run hears it
                 # once). submitit's controller passes it on to the job.
