@@ -147,3 +147,21 @@ if __name__ == "__main__":
     if not found:
         chain = longest_chain(g)
         print(f"longest import chain ({len(chain)} modules): {' -> '.join(chain)}")
+
+
+def test_readme_and_make_help_quote_the_same_times():
+    """Every `make X` whose help line quotes a time (`~N min`) and that the README's first
+    screen times too: the same number in both."""
+    import re
+
+    root = PACKAGE.parent
+    makefile = (root / "Makefile").read_text()
+    helps = dict(re.findall(r"^([\w-]+):.*?## .*?~([\d.]+) min", makefile, flags=re.M))
+    readme = (root / "README.md").read_text()
+    checked = set()
+    for target, minutes in helps.items():
+        for para in readme.split("\n\n"):
+            if f"`make {target}` " in para and re.search(r"\d minutes", para):
+                assert re.search(rf"\b{re.escape(minutes)} minutes", para), (target, minutes)
+                checked.add(target)
+    assert {"test", "demo"} <= checked
