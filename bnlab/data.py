@@ -266,14 +266,17 @@ class TrainLoader:
     global batch, and so SyncBN's statistics, stay those of the unsorted order.
     """
 
-    def __init__(self, data: Dataset, device: torch.device, batch_per_gpu: int, world: int,
+    def __init__(self, data: Dataset, device: torch.device, batch_per_process: int, world: int,
                  rank: int, grad_accum: int, seed: int, augment: bool,
                  rank_skew: bool = False):
+        """`batch_per_process`: the images this process reads per micro-batch: the config's
+        batch_per_gpu, times the ranks it simulates (a simulated run reads each global
+        micro-batch whole); `world`: the processes."""
         self.data = data
         self.split = data.train.to(device)
         self.labels = data.train.y.cpu()
         self.device = device
-        self.b, self.world, self.rank, self.k = batch_per_gpu, world, rank, grad_accum
+        self.b, self.world, self.rank, self.k = batch_per_process, world, rank, grad_accum
         self.seed, self.augment, self.rank_skew = seed, augment, rank_skew
 
     @property
