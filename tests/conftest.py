@@ -159,3 +159,50 @@ def build_table(table, tag: str, root: Path, experiments: Path):
     from bnlab.lab.table import Context, build
 
     return build(table, Context(table, experiments, root, tag))
+
+
+def fake_headline_run(d: Path, accs: list[float], *, epochs: int = 20, decomp=None,
+                      batch: bool = False, precise: float | None = None, info: dict | None = None,
+                      seed: int = 0, churn: bool = False, images: int = 1000):
+    """A finished headline-protocol run (10 evaluations an epoch) at these val accs, read back.
+    Its predictions: the first acc% of the `images` right; with `churn`, a fresh random subset
+    of that size at each evaluation (prediction churn, so a churn floor). `decomp`: the same
+    weights' val acc with PreciseBN statistics at each evaluation (`batch`: with batch
+    statistics too, and the predictions of both); `precise`: val acc after PreciseBN at each
+    epoch end, this many points above."""
+    import json
+
+    import numpy as np
+    import yaml
+
+    from bnlab.lab.results import Run
+    from bnlab.metrics import PREDICTIONS, encode_classes
+    from bnlab.rundir import set_status
+
+    rng = np.random.default_rng(seed)
+    d.mkdir(parents=True)
+    kinds = ("ema", "precise", "batch") if batch else ("ema",)
+    rows, preds = [], [json.dumps({"step": 0, "labels": encode_classes(np.zeros(images))})]
+    for i, a in enumerate(accs):
+        ep = (i + 1) / 10
+        row = {"step": i + 1, "epoch": ep, "val/acc": a, "val/loss": 2.0 - a / 100}
+        if decomp is not None:
+            row.update({"decomp/acc_precise": decomp[i], "decomp/loss_precise": 1.0})
+        if batch:
+            row.update({"decomp/acc_batch": 10.0, "decomp/loss_batch": 2.3})
+        if precise is not None and abs(ep - round(ep)) < 1e-9:
+            row["val/acc_precise"] = a + precise
+        rows.append(row)
+        k = round(a * images / 100)
+        right = (rng.permutation(images) if churn else np.arange(images)) < k
+        wrong = encode_classes((~right).astype(np.uint8))  # class 1 where wrong (labels: 0)
+        preds += [json.dumps({"step": i + 1, "epoch": ep, "kind": kind, "pred": wrong})
+                  for kind in kinds]
+    rows.append({"step": 999, "epoch": epochs, "train/loss": 1.0, "train_epoch/loss": 1.0})
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / PREDICTIONS).write_text("\n".join(preds) + "\n")
+    (d / "run.json").write_text(json.dumps({"commit": "abc", "host": "h", "device": "cpu",
+                                            **(info or {})}))
+    (d / "config.yaml").write_text(yaml.safe_dump({"data": {"holdout": 0}}))
+    set_status(d, "completed")
+    return Run.read(d, seed)

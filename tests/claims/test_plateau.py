@@ -14,36 +14,12 @@ from bnlab.lab.plan import Cell, Spec
 from bnlab.lab.results import CellResult, Run, collect, split
 from bnlab.lab.spec import load_spec
 from bnlab.lab.table import RunsData
-from bnlab.metrics import PREDICTIONS, encode_classes
 from bnlab.paths import EXPERIMENTS
 from bnlab.rundir import set_status
+from conftest import fake_headline_run
 
 TAG = "cifar10-5085"  # the committed runs' data tag
-N = 1000  # test images of the fake runs
 EPOCHS = 20
-
-
-def fake_run(d, accs, decomp: list[float] | None = None):
-    """A finished headline-protocol run: 10 evaluations per epoch with these val accs, and
-    predictions in which the first acc% of the images are right (class 0 of label 0)."""
-    d.mkdir(parents=True)
-    rows, preds = [], [json.dumps({"step": 0, "labels": encode_classes(np.zeros(N))})]
-    for i, a in enumerate(accs):
-        ep = (i + 1) / 10
-        row = {"step": i + 1, "epoch": ep, "val/acc": a, "val/loss": 2.0 - a / 100}
-        if decomp is not None:
-            row.update({"decomp/acc_precise": decomp[i], "decomp/loss_precise": 1.0,
-                        "decomp/acc_batch": 10.0, "decomp/loss_batch": 2.3})
-        rows.append(row)
-        cls = (np.arange(N) >= round(a * N / 100)).astype(np.uint8)
-        for kind in ("ema", *(("precise", "batch") if decomp is not None else ())):
-            preds.append(json.dumps({"step": i + 1, "epoch": ep, "kind": kind,
-                                     "pred": encode_classes(cls)}))
-    rows.append({"step": 999, "epoch": EPOCHS, "train/loss": 1.0, "train_epoch/loss": 1.0})
-    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (d / PREDICTIONS).write_text("\n".join(preds) + "\n")
-    (d / "run.json").write_text(json.dumps({"commit": "abc", "host": "h", "device": "cpu"}))
-    set_status(d, "completed")
 
 
 def curve(seed: int, noise: float) -> list[float]:
@@ -58,7 +34,7 @@ def data(tmp_path, noise: dict[str, float], seeds: int = 5) -> RunsData:
             runs = []
             for s in range(seeds):
                 d = tmp_path / model / norm / f"seed{s}"
-                fake_run(d, curve(100 * s + len(cells), noise[norm]))
+                fake_headline_run(d, curve(100 * s + len(cells), noise[norm]))
                 runs.append(Run.read(d, s))
             cell = Cell(f"{model} {norm}", [], list(range(seeds)),
                         cfg={"epochs": EPOCHS, "optim": {"lr": 0.1}},
@@ -85,7 +61,7 @@ def test_decompose_splits_the_running_statistics_from_the_weights(tmp_path):
     weights = list(40 + 0.05 * np.arange(200) + rng.normal(0, 1, 200))
     ema = [w + rng.normal(0, 3) for w in weights]  # the statistics add noise of sd 3
     d = tmp_path / "r"
-    fake_run(d, ema, decomp=weights)
+    fake_headline_run(d, ema, decomp=weights, batch=True)
     run = Run.read(d, 0)
     s = split(run, EPOCHS)
     assert s["statistics"] == pytest.approx(9, rel=0.35) and s["weights"] == pytest.approx(

@@ -4,47 +4,14 @@ governs BN's collapse."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
-import yaml
 
 from bnlab.claims import fixes, lr, values
 from bnlab.lab.plan import Cell, Spec
-from bnlab.lab.results import CellResult, Run
+from bnlab.lab.results import CellResult
 from bnlab.lab.table import RunsData
-from bnlab.metrics import PREDICTIONS, encode_classes
-from bnlab.rundir import set_status
-
-N = 1000  # test images of the fake runs
-
-
-def fake(d, accs, epochs: int = 20, decomp=None, precise=None, info=None, seed=0):
-    """A finished run: 10 evaluations an epoch at these val accs; each evaluation's right
-    answers a fresh random subset of that size (prediction churn, so a churn floor)."""
-    rng = np.random.default_rng(seed)
-    d.mkdir(parents=True)
-    rows, preds = [], [json.dumps({"step": 0, "labels": encode_classes(np.zeros(N))})]
-    for i, a in enumerate(accs):
-        ep = (i + 1) / 10
-        row = {"step": i + 1, "epoch": ep, "val/acc": a, "val/loss": 2.0 - a / 100}
-        if decomp is not None:
-            row.update({"decomp/acc_precise": decomp[i], "decomp/loss_precise": 1.0})
-        if precise is not None and abs(ep - round(ep)) < 1e-9:
-            row["val/acc_precise"] = a + precise
-        rows.append(row)
-        right = rng.permutation(N) < round(a * N / 100)
-        preds.append(json.dumps({"step": i + 1, "epoch": ep, "kind": "ema",
-                                 "pred": encode_classes((~right).astype(np.uint8))}))
-    rows.append({"step": 999, "epoch": epochs, "train/loss": 1.0, "train_epoch/loss": 1.0})
-    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (d / PREDICTIONS).write_text("\n".join(preds) + "\n")
-    (d / "run.json").write_text(json.dumps({"commit": "abc", "host": "h", "device": "cpu",
-                                            **(info or {})}))
-    (d / "config.yaml").write_text(yaml.safe_dump({"data": {"holdout": 0}}))
-    set_status(d, "completed")
-    return Run.read(d, seed)
+from conftest import fake_headline_run
 
 
 def curve(level: float, noise: float, seed: int, n: int = 200) -> list[float]:
@@ -68,8 +35,10 @@ def lr_data(tmp_path, noise: dict, level: dict | None = None, seeds: int = 5) ->
     out = []
     for (norm, rate), sd in noise.items():
         acc = (level or {}).get((norm, rate), 60.0)
-        runs = [fake(tmp_path / f"{norm}{rate}" / f"s{s}", curve(acc, sd, 100 * s + len(out)),
-                     decomp=curve(acc, sd / 2, 7 + s), seed=s) for s in range(seeds)]
+        runs = [fake_headline_run(tmp_path / f"{norm}{rate}" / f"s{s}",
+                                  curve(acc, sd, 100 * s + len(out)),
+                                  decomp=curve(acc, sd / 2, 7 + s), seed=s, churn=True)
+                for s in range(seeds)]
         out.append((f"{norm} lr {rate:g}", {"norm": norm, "lr": rate}, runs))
     return runs_data(tmp_path, out, {"chosen_lr": 0.0125})
 
@@ -113,8 +82,8 @@ def test_the_crossover_prediction_is_checked_against_the_split(tmp_path):
 
 
 def test_c8_pairs_each_recalibration_with_the_running_statistics_just_before_it(tmp_path):
-    runs = [fake(tmp_path / "pb" / f"s{s}", curve(60, 0.5, s), precise=1.5 + s / 10, seed=s)
-            for s in range(3)]
+    runs = [fake_headline_run(tmp_path / "pb" / f"s{s}", curve(60, 0.5, s),
+                              precise=1.5 + s / 10, seed=s, churn=True) for s in range(3)]
     d = runs_data(tmp_path, [("bn + PreciseBN", {"fix": "precise"}, runs)])
     assert fixes.recalibration_gain(runs[0], 20) == pytest.approx(1.5)
     v = fixes.c8(d)
@@ -128,9 +97,11 @@ def values_data(tmp_path, gaps: dict[tuple[str, int], float]) -> RunsData:
     for inp, a in area.items():
         for per_rank in (2, 4, 8):
             gap = gaps.get((inp, per_rank), 0.0)
-            runs = [fake(tmp_path / inp / str(per_rank) / f"s{s}",
-                         curve(60 - gap, 0.5, 10 * s + per_rank), epochs=10, seed=s,
-                         info={"bn_values_per_channel": {"a": per_rank * a, "b": 999}})
+            runs = [fake_headline_run(tmp_path / inp / str(per_rank) / f"s{s}",
+                                      curve(60 - gap, 0.5, 10 * s + per_rank), epochs=10,
+                                      seed=s, churn=True,
+                                      info={"bn_values_per_channel": {"a": per_rank * a,
+                                                                      "b": 999}})
                     for s in range(3)]
             out.append((f"{inp} {8 // per_rank}x{per_rank}",
                         {"input": inp, "per_rank": per_rank}, runs))
