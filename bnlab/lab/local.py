@@ -22,6 +22,7 @@ from bnlab.rundir import FINAL
 
 LOCAL_TIMEOUT_MIN = 60 * 24 * 30  # no time limit on this machine (submitit's default is 2 min)
 RESEND_S = 5.0  # while a sweep stops, each running job is asked again this often
+DRAW_S = 5.0  # the bar is redrawn at most this often while only the epochs move
 BAR = ("{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.0f} epochs "  # progress by epochs
        "[{elapsed}<{remaining}{postfix}]")
 
@@ -52,6 +53,7 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
                          "machine with more, or with --launcher slurm.")
     epochs = {d: float(c.cfg["epochs"]) for c, _, d in todo}  # the bar counts epochs trained
     ended: set[Path] = set()
+    last, drawn = (0.0, 0, 0), 0.0  # what the bar shows, and when it was drawn
     with Stop() as stop, tqdm(total=sum(epochs.values()), desc=name, unit="epoch",
                               dynamic_ncols=True, bar_format=BAR) as bar:
         asked_at = 0.0  # when the running jobs were last asked to stop
@@ -90,10 +92,13 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
                 ended.add(d)
             done = sum(epochs[d] if d in ended else min(epoch_reached(d), epochs[d])
                        for d in [*ended, *(v[2] for v in running.values())])
-            bar.n = round(done, 2)
-            bar.set_postfix_str(f"runs {len(ended)}/{len(todo)} ended, {len(running)} running",
-                                refresh=False)
-            bar.refresh()
+            shown = (round(done, 1), len(ended), len(running))
+            if shown != last and (shown[1:] != last[1:] or time.monotonic() - drawn > DRAW_S):
+                bar.n = shown[0]  # redrawn when it moved, at most every DRAW_S (logs stay short)
+                bar.set_postfix_str(f"runs {len(ended)}/{len(todo)} ended, {len(running)} "
+                                    "running", refresh=False)
+                bar.refresh()
+                last, drawn = shown, time.monotonic()
             time.sleep(POLL_S)
     return counts
 
