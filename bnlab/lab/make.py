@@ -32,7 +32,9 @@ def main(registry: dict[str, Table], argv: list[str] | None = None) -> int:
     p.add_argument("--report", action="store_true",
                    help="no training or measuring: rebuild from the runs and results.json")
     p.add_argument("--data", help="folder holding cifar-10-batches-py (no download)")
-    p.add_argument("--jobs", type=int, default=1, help="training runs side by side")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="training runs side by side (default: the largest `jobs:` of the tables' "
+                   "sweep.yaml, else 1)")
     p.add_argument("--runs", type=Path, default=RUNS, help="folder of run directories")
     p.add_argument("--tag", help="data tag: a folder of --runs (default: the only one)")
     p.add_argument("--experiments", type=Path, default=EXPERIMENTS,
@@ -43,7 +45,7 @@ def main(registry: dict[str, Table], argv: list[str] | None = None) -> int:
         [registry[n] for n in dict.fromkeys(a.names)]
 
     def body() -> int:
-        if a.jobs < 1:
+        if a.jobs is not None and a.jobs < 1:
             raise BnlabError(f"--jobs={a.jobs} must be at least 1.")
         kw = launcher_kwargs(a)
         t0, train_s = time.perf_counter(), 0.0
@@ -52,7 +54,8 @@ def main(registry: dict[str, Table], argv: list[str] | None = None) -> int:
         trained = [c for c in ctxs if c.table.trains]
         if not a.report and trained:  # every table's sweep in one pool: shared cells run once
             specs = [c.spec() for c in trained]
-            counts = sweep(specs, a.data, a.jobs, root=a.runs, **kw)
+            jobs = a.jobs or max(s.extra.get("jobs", 1) for s in specs)
+            counts = sweep(specs, a.data, jobs, root=a.runs, **kw)
             rc = outcome(counts, (time.perf_counter() - t0) / 60)
             if counts.get("submitted") or counts.get("on SLURM"):  # the tables wait for them
                 return rc
