@@ -141,7 +141,7 @@ def ddp_step_s(model: str, norm: str, batch: int, steps: int, warmup: int, simul
     cfg = _ddp_cfg(model, norm, simulate)
     net_model = build_net(cfg).to(env.device)
     net = trainer.wrap(net_model, cfg, env)
-    n = (steps + warmup) * batch * env.world * simulate
+    n = (steps + warmup) * batch * dist.world_size(cfg, env.world)
     train, val = make_synthetic(num_train=n, num_val=8)
     loader = TrainLoader(Dataset(train, val, (0.5,) * 3, (0.25,) * 3), env.device,
                          batch * simulate, env.world, env.rank, 1, seed=0, augment=True)

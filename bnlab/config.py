@@ -232,9 +232,9 @@ def _check_precise_bn(cfg: dict) -> None:
 
 def _one_precise_batch(cfg: dict, key: str) -> None:
     """A count of images that PreciseBN measures (`key`) must fill one batch over all ranks."""
-    one = cfg["precise_bn"]["batch"] * world_size(cfg)
-    _need(get_dotted(cfg, key) >= one, key, f"at least one PreciseBN batch over all ranks ({one} "
-          "images; or lower precise_bn.batch)", get_dotted(cfg, key))
+    one, v = cfg["precise_bn"]["batch"] * world_size(cfg), get_dotted(cfg, key)
+    _need(_is_int(v) and v >= one, key, f"at least one PreciseBN batch over all ranks ({one} "
+          "images; or lower precise_bn.batch)", v)
 
 
 def precise_bn_runs(cfg: dict) -> bool:

@@ -212,8 +212,8 @@ def essentials(cfg: dict, n_train: int, n_val: int, size: int, env, per_step: in
     from bnlab import optim
 
     sim, o, d = cfg["dist"]["simulate"], cfg["optim"], cfg["data"]
-    ranks = f"{env.world * sim} ranks" + (" (simulated)" if sim > 1 else "") \
-        if env.world * sim > 1 else "1 rank"
+    w = dist.world_size(cfg, env.world)
+    ranks = f"{w} ranks" + (" (simulated)" if sim > 1 else "") if w > 1 else "1 rank"
     accum = f" x {cfg['grad_accum']} accumulated" if cfg["grad_accum"] > 1 else ""
     warm = f", {o['warmup_epochs']:g} warmup epochs" if o["warmup_epochs"] else ""
     base = o.get("scale_from", 0)

@@ -70,12 +70,23 @@ def check(argv: list[str], config_name: str = "train") -> None:
                          "output_dir (or hydra.run.dir).")
 
 
+def first_rank(env=os.environ) -> bool:
+    """Whether this process is rank 0, read before any process group exists: torchrun's RANK,
+    else in a SLURM step of several tasks its SLURM_PROCID (which bnlab.dist.adopt_slurm_env
+    makes RANK later), else yes."""
+    if "RANK" in env:
+        return int(env["RANK"]) == 0
+    tasks = int(env.get("SLURM_STEP_NUM_TASKS", "1") or 1)
+    return tasks < 2 or int(env.get("SLURM_PROCID", "0")) == 0
+
+
 def check_or_exit(argv: list[str], config_name: str = "train") -> None:
-    """One sentence and exit status 2 for bad overrides. Under torchrun every rank checks the
-    same command line; only rank 0 says so (torchrun then reports its ranks' exit status)."""
+    """One sentence and exit status 2 for bad overrides. Under torchrun or srun every rank
+    checks the same command line; only rank 0 says so (the launcher then reports its ranks'
+    exit status)."""
     try:
         check(argv, config_name)
     except BnlabError as e:
-        if int(os.environ.get("RANK", 0)) == 0:
+        if first_rank():
             print(f"bnlab: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

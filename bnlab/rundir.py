@@ -1,4 +1,6 @@
-"""What a run directory records beside its metrics: config, commit, versions, status."""
+"""What a run directory records beside its metrics (config, commit, versions, status), and
+what a run's identity leaves out or lets change (NOT_EXPERIMENT, RESUME_MAY_CHANGE,
+ADDED_LATER: the config keys its directory name and a resume ignore)."""
 
 from __future__ import annotations
 

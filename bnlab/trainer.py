@@ -178,7 +178,7 @@ class Loop:
 
     @property
     def ranks(self) -> int:
-        return self.env.world * self.cfg["dist"]["simulate"]
+        return dist.world_size(self.cfg, self.env.world)
 
     @property
     def stop(self) -> int:
@@ -198,7 +198,7 @@ def setup(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None,
     model = build_net(cfg).to(env.device)
     # Every rank starts from identical weights (same seed); DDP also broadcasts rank 0's.
     net = wrap(model, cfg, env)
-    sim = cfg["dist"]["simulate"]
+    sim, world = cfg["dist"]["simulate"], dist.world_size(cfg, env.world)
     loader = train_loader(cfg, data, env)
     spe = loader.steps_per_epoch
     if spe == 0:
@@ -219,7 +219,7 @@ def setup(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None,
     ckpt = load_latest(run_dir) if resuming else None  # after wrap: own buffers win over DDP's
     epoch0, start, step = restore(ckpt, model, opt, sched, meters, env) if ckpt else (0, 0, 0)
     if env.is_main:
-        info = {"world": env.world * sim, "simulated": sim > 1, "processes": env.world,
+        info = {"world": world, "simulated": sim > 1, "processes": env.world,
                 "device": str(env.device), "backend": env.backend, "steps_per_epoch": spe,
                 "syncbn_impl": ran_syncbn(cfg, env, sim), "lr": opt.defaults["lr"],
                 **(meta or {})}
@@ -232,7 +232,7 @@ def setup(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None,
         else:
             write_run_info(run_dir, cfg, info)
         set_status(run_dir, "running", step=step)
-    warn_bn_sync(cfg, env.world * sim)
+    warn_bn_sync(cfg, world)
     logger = MetricsLogger(run_dir, env.is_main, cfg, console=False,
                            wandb_cfg=cfg["logger"]["wandb"])
     preds = PredictionLog(run_dir, env.is_main and cfg["record"]["predictions"], data.val.y)

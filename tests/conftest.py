@@ -46,13 +46,17 @@ def run_here(script: str, *args: str, cwd: Path, env: dict | None = None
     a new interpreter is not the point: the same checks, Hydra main and exit status, output
     captured, without starting Python and importing torch again (seconds per call). The
     working folder, environment, argv, torch's thread count and the signal handlers are
-    given back afterwards."""
+    given back afterwards. Each call gets its own run stamp, as a new interpreter would, and
+    the warnings Python would print (its default filters) are appended to its stderr."""
     import contextlib
     import importlib.util
     import io
     import signal
+    import warnings
 
     import torch
+
+    from bnlab import hydra_setup
 
     if script not in ("train.py", "evaluate.py"):  # not a Hydra entry point: as a user runs it
         return run_entry(script, *args, cwd=cwd, env=env)
@@ -71,6 +75,7 @@ def run_here(script: str, *args: str, cwd: Path, env: dict | None = None
     saved = (sys.argv, os.getcwd(), dict(os.environ), torch.get_num_threads(),
              {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)})
     os.environ.pop("BNLAB_RUN_STAMP", None)
+    saved_stamp, hydra_setup._stamp = hydra_setup._stamp, None
     for k, v in (env or {}).items():
         if v is None:
             os.environ.pop(k, None)
@@ -81,7 +86,12 @@ def run_here(script: str, *args: str, cwd: Path, env: dict | None = None
     try:
         os.chdir(cwd)
         sys.argv = [str(ROOT / script), *args]
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")   # once per place, as `python script` shows them
+            for quiet in (DeprecationWarning, PendingDeprecationWarning, ImportWarning,
+                          ResourceWarning):     # what Python hides outside __main__
+                warnings.filterwarnings("ignore", category=quiet)
             try:
                 entry.precheck.check_or_exit(list(args), name)
                 entry.main()
@@ -92,7 +102,10 @@ def run_here(script: str, *args: str, cwd: Path, env: dict | None = None
 
                 traceback.print_exc()
                 code = 1
+            for w in caught:
+                err.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno))
     finally:
+        hydra_setup._stamp = saved_stamp
         sys.argv = saved[0]
         os.chdir(saved[1])
         os.environ.clear()

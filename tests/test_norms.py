@@ -13,8 +13,11 @@ from torch.nn.modules.batchnorm import _BatchNorm
 import bnlab
 from bnlab.batchnorm import BatchNormXd, FrozenBatchNorm, RankBatchNorm
 from bnlab.errors import BnlabError
+from bnlab.norms import NORMS
 
-BATCH_STAT_KINDS = ("bn", "syncbn", "syncbn_naive", "frozen_bn")  # the norms with batch statistics
+# The norms with batch statistics: every kind whose layer is a RankBatchNorm (a new one joins)
+BATCH_STAT_KINDS = [k for k in NORMS if isinstance(
+    bnlab.convert(nn.Sequential(nn.BatchNorm2d(64)), k)[0], RankBatchNorm)]
 STATE_KINDS = [k for k in BATCH_STAT_KINDS if k != "frozen_bn"]  # train like BN on one rank
 
 

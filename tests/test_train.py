@@ -181,10 +181,15 @@ def test_ranks_started_seconds_apart_share_one_stamp(tmp_path):
 
 
 def test_a_typo_is_said_by_rank_0_only(tmp_path):
-    """Under torchrun every rank checks the command line; one sentence, from rank 0."""
-    for rank, said in (("0", 1), ("3", 0)):
-        r = run_here("train.py", "norm=nope", cwd=tmp_path, env={"RANK": rank})
-        assert r.returncode == 2 and (r.stdout + r.stderr).count("bnlab: error:") == said
+    """Under torchrun (RANK) or srun (SLURM_PROCID in a step of several tasks, before RANK is
+    set) every rank checks the command line; one sentence, from rank 0."""
+    slurm = {"RANK": None, "SLURM_STEP_NUM_TASKS": "4"}
+    for env, said in (({"RANK": "0"}, 1), ({"RANK": "3"}, 0),
+                      ({**slurm, "SLURM_PROCID": "0"}, 1), ({**slurm, "SLURM_PROCID": "3"}, 0),
+                      ({"RANK": None, "SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "3"}, 1)):
+        r = run_here("train.py", "norm=nope", cwd=tmp_path, env=env)
+        assert r.returncode == 2, (env, r.stderr)
+        assert (r.stdout + r.stderr).count("bnlab: error:") == said, env
 
 
 @pytest.mark.slow  # four processes started through torchrun (about 10 s)
@@ -211,7 +216,7 @@ def test_simulated_ranks_match_real_ranks_through_train_py(tmp_path, norm="syncb
     """dist.simulate=2 and dist.nproc_per_node=2 log the same first steps.
 
     Later steps drift apart by float32 rounding amplified by training at small batches;
-    tests/test_simulate.py shows the two agree to 1e-10 over 20 steps in float64.
+    tests/test_simulate.py shows the two agree to 1e-10 over 10 steps in float64.
     """
     logs = {}
     for mode in ("dist.simulate=2", "dist.nproc_per_node=2"):

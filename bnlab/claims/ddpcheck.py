@@ -51,6 +51,7 @@ def _train(cfg: dict, data, env, dtype, steps: int, nudge: float = 0.0) -> dict[
     `nudge`, every initial weight first scaled by 1 + nudge)."""
     import torch
 
+    from bnlab.dist import world_size
     from bnlab.metrics import Meter
     from bnlab.net import build_net
     from bnlab.optim import build_optimizer
@@ -61,14 +62,13 @@ def _train(cfg: dict, data, env, dtype, steps: int, nudge: float = 0.0) -> dict[
         for p in model.parameters():
             p.mul_(1 + nudge)
     net = wrap(model, cfg, env)
-    sim = cfg["dist"]["simulate"]
     loader = train_loader(cfg, data, env)
     opt, sched = build_optimizer(cfg["optim"], model, loader.steps_per_epoch, cfg["epochs"])
     meter, keep = Meter(env.device), set(record_steps(steps))
     out = {0: _params(model)} if env.rank == 0 else {}
     for step, micro in enumerate(loader.epoch(0), start=1):
         micro = [(x.to(dtype), y) for x, y in micro]
-        train_step(net, micro, opt, meter, sync_grads=env.world * sim > 1)
+        train_step(net, micro, opt, meter, sync_grads=world_size(cfg, env.world) > 1)
         sched.step()
         if step in keep and env.rank == 0:
             out[step] = _params(model)

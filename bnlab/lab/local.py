@@ -52,7 +52,8 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
         raise BnlabError(f"a run needs more GPUs than the {n_gpus} visible here; run it on a "
                          "machine with more, or with --launcher slurm.")
     epochs = {d: float(c.cfg["epochs"]) for c, _, d in todo}  # the bar counts epochs trained
-    ended: set[Path] = set()
+    ended: set[Path] = set()  # runs that ended; `finished`: those that trained every epoch
+    finished: set[Path] = set()
     last, drawn = (0.0, 0, 0), 0.0  # what the bar shows, and when it was drawn
     with Stop() as stop, tqdm(total=sum(epochs.values()), desc=name, unit="epoch",
                               dynamic_ncols=True, bar_format=BAR) as bar:
@@ -90,7 +91,9 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
                 if status not in FINAL and status != "preempted":
                     bar.write(f"    see {d / 'train.log'}")
                 ended.add(d)
-            done = sum(epochs[d] if d in ended else min(epoch_reached(d), epochs[d])
+                if status in FINAL:
+                    finished.add(d)
+            done = sum(epochs[d] if d in finished else min(epoch_reached(d), epochs[d])
                        for d in [*ended, *(v[2] for v in running.values())])
             shown = (round(done, 1), len(ended), len(running))
             if shown != last and (shown[1:] != last[1:] or time.monotonic() - drawn > DRAW_S):

@@ -24,6 +24,15 @@ from bnlab.lab.table import Context, Table, build, measure
 from bnlab.paths import EXPERIMENTS, RUNS
 
 
+def default_jobs(specs: list, launcher: str) -> int:
+    """Runs side by side when --jobs is not given: here, the largest `jobs:` of the specs (what
+    was measured best on the machine they were written for), else 1; on SLURM every run of
+    the specs at once (the cluster's queue decides)."""
+    if launcher == "local":
+        return max(s.extra.get("jobs", 1) for s in specs)
+    return max(1, sum(len(c.seeds) for s in specs for c in s.cells))
+
+
 def main(registry: dict[str, Table], argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bnlab.claims",
                                 description="Train, measure and write the reported tables.")
@@ -33,8 +42,8 @@ def main(registry: dict[str, Table], argv: list[str] | None = None) -> int:
                    help="no training or measuring: rebuild from the runs and results.json")
     p.add_argument("--data", help="folder holding cifar-10-batches-py (no download)")
     p.add_argument("--jobs", type=int, default=None,
-                   help="training runs side by side (default: the largest `jobs:` of the tables' "
-                   "sweep.yaml, else 1)")
+                   help="training runs side by side (default: here, the largest `jobs:` of the "
+                   "tables' sweep.yaml, else 1; on SLURM, every run at once)")
     p.add_argument("--runs", type=Path, default=RUNS, help="folder of run directories")
     p.add_argument("--tag", help="data tag: a folder of --runs (default: the only one)")
     p.add_argument("--experiments", type=Path, default=EXPERIMENTS,
@@ -54,7 +63,7 @@ def main(registry: dict[str, Table], argv: list[str] | None = None) -> int:
         trained = [c for c in ctxs if c.table.trains]
         if not a.report and trained:  # every table's sweep in one pool: shared cells run once
             specs = [c.spec() for c in trained]
-            jobs = a.jobs or max(s.extra.get("jobs", 1) for s in specs)
+            jobs = a.jobs or default_jobs(specs, kw["launcher"])
             counts = sweep(specs, a.data, jobs, root=a.runs, **kw)
             rc = outcome(counts, (time.perf_counter() - t0) / 60)
             if counts.get("submitted") or counts.get("on SLURM"):  # the tables wait for them

@@ -61,7 +61,12 @@ def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]]) ->
         f"finished ({short} of {len(unique)} cells lack seeds); the sweep goes on with "
         f"{again}, and these verdicts may change. ")
     runs = [r for c in cells for r in c.runs]
-    jobs, cap = sweeps[0].jobs, sweeps[0].budget("all")
+    settings = {(s.jobs, s.budget("all")) for s in sweeps}
+    if len(settings) > 1:   # one wall-time sentence for the block: its tables must agree
+        raise BnlabError(f"the tables behind {marker}'s verdicts disagree on `jobs:` or "
+                         f"`budget: all:` ({sorted(settings, key=str)}); make their sweep.yaml "
+                         "files agree.")
+    (jobs, cap), = settings
     if cap is not None:  # the three short-protocol sweeps had a budget together: `make tables`
         budget = (f"Wall time of all {n} tables together (`make tables`, shared cells run "
                   f"once): {budget_line(runs, expected, cap, jobs)}; each table gives its own.")

@@ -1,5 +1,6 @@
-"""Reading runs back: the one run reader, per-cell statistics over seeds, and a checkpoint's
-evaluation (eval.json).
+"""Reading runs back: the one run reader, per-cell statistics over seeds, a checkpoint's
+evaluation (eval.json), the hosts runs ran on (read_hosts) and the decomposition's measures
+of a run (split, epoch_end_gain, gains).
 
 Only what the runs logged is used (metrics.jsonl, status.json, run.json, config.yaml,
 sweep.json, eval.json); nothing here trains or types a number.

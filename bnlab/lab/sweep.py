@@ -7,7 +7,8 @@ submitit jobs: on this machine (the default) or on a SLURM cluster.
 
 (`make table-<name>` runs its table's sweep through `python -m bnlab.claims <name>`.)
 
-The specs are composed and their runs planned first (`bnlab/lab/spec.py`): a typo fails
+The specs are composed (`bnlab/lab/spec.py`) and their runs planned (`bnlab/lab/plan.py`)
+first: a typo fails
 before anything runs, and a run that has finished (completed or diverged) is never run
 again, so an interrupted sweep picks up where it stopped. The runs left go to this machine
 (`bnlab/lab/local.py`) or to SLURM (`bnlab/lab/slurm.py`), each as a submitit job

@@ -61,3 +61,17 @@ def test_the_readme_opens_with_the_headline_verdicts_of_experiments_readme():
 
     top = verdicts(ROOT / "README.md", "headline")
     assert top and top == verdicts(EXPERIMENTS / "README.md", "settled")
+
+
+def test_jobs_default_to_the_specs_here_and_to_every_run_on_slurm(tmp_path):
+    from bnlab.lab.make import default_jobs
+    from bnlab.lab.plan import Cell, Spec
+
+    def spec(jobs, seeds):
+        extra = {} if jobs is None else {"jobs": jobs}
+        return Spec("s", "s", "demo", [Cell("a", [], seeds), Cell("b", [], seeds)],
+                    tmp_path, extra)
+
+    assert default_jobs([spec(2, [0, 1]), spec(3, [0])], "local") == 3
+    assert default_jobs([spec(None, [0])], "local") == 1
+    assert default_jobs([spec(2, [0, 1]), spec(3, [0])], "slurm") == 6
