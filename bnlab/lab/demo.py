@@ -1,4 +1,4 @@
-"""`make demo`: the finding in under three minutes. bn, syncbn and gn train side by side at 4
+"""`make demo`: the finding in under two minutes. bn, syncbn and gn train side by side at 4
 simulated ranks x 2 images (configs/experiment/demo.yaml), then one plot and one table show
 their validation curves and jitter, built only from the runs' own logs.
 

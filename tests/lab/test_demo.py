@@ -21,7 +21,7 @@ def plateau_accs(table: str) -> dict[str, float]:
     return out
 
 
-@pytest.mark.slow  # 130 s: the real demo (make test-slow)
+@pytest.mark.slow  # about 95 s: the real demo (make test-slow)
 def test_the_demo_trains_three_norms_and_shows_bn_apart_from_syncbn(tmp_path):
     out = tmp_path / "demo"
     assert demo.main(["--out", str(out)]) == 0
