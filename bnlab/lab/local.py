@@ -38,10 +38,12 @@ def executor(folder: Path):
 
 
 def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: Path,
-              jobs: int, gpus: int | None, name: str) -> dict[str, int]:
+              jobs: int, gpus: int | None, name: str, stop_after: float | None = None
+              ) -> dict[str, int]:
     """Run the runs here, `jobs` at a time, until they end or a signal stops them (submitit's
     logs under `folder`); returns how many ended how. Each run gets GPUs of its own (`gpus`,
-    default every visible one) and waits while too few are free."""
+    default every visible one) and waits while too few are free. After `stop_after` minutes
+    the sweep stops as if SIGTERM had come."""
     counts: dict[str, int] = {}
     queue = list(zip(todo, runs, strict=True))
     running: dict = {}
@@ -55,10 +57,15 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
     ended: set[Path] = set()  # runs that ended; `finished`: those that trained every epoch
     finished: set[Path] = set()
     last, drawn = (0.0, 0, 0), 0.0  # what the bar shows, and when it was drawn
+    limit = None if stop_after is None else time.monotonic() + 60 * stop_after
     with Stop() as stop, tqdm(total=sum(epochs.values()), desc=name, unit="epoch",
                               dynamic_ncols=True, bar_format=BAR) as bar:
         asked_at = 0.0  # when the running jobs were last asked to stop
         while queue or running:
+            if limit is not None and time.monotonic() >= limit and not stop.asked:
+                stop.signum = signal.SIGTERM
+                bar.write(f"  --stop-after {stop_after:g} min reached: each running run "
+                          "checkpoints and stops; the same command resumes")
             while queue and len(running) < jobs and not stop.asked and \
                     needs(queue[0][0][0], n_gpus) <= len(free):
                 (cell, seed, d), run = queue.pop(0)

@@ -92,13 +92,14 @@ def submit_folder(root: Path, tag: str) -> Path:
 def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | None = None,
           root: Path = RUNS, launcher: str = "local", slurm: Slurm | None = None,
           wait: bool = True, gpus: int | None = None,
-          allow_dirty: bool | None = None) -> dict[str, int]:
+          allow_dirty: bool | None = None, stop_after: float | None = None) -> dict[str, int]:
     """Run every unfinished run of `specs` through submitit, `jobs` at a time; returns how
     many ended how. On this machine each run gets GPUs of its own (`gpus`, default every
     visible one; as many as its ranks), and waits while too few are free. `launcher="slurm"`
     submits them as one SLURM job array instead (with `slurm`'s resources; `wait=False`
     returns once they are submitted). Runs start only from a clean working tree unless
-    `allow_dirty` (or BNLAB_ALLOW_DIRTY) says otherwise."""
+    `allow_dirty` (or BNLAB_ALLOW_DIRTY) says otherwise. On this machine, `stop_after`
+    minutes stop the sweep as SIGTERM does."""
     tag = data_tag(specs[0].cells[0].cfg)
     name = "+".join(s.name for s in specs)
     if launcher == "slurm":  # every run's layout, before anything is moved or submitted
@@ -127,7 +128,7 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
     if launcher == "slurm":
         return submit_slurm(todo, runs, submit_folder(root, tag), jobs, threads, slurm, wait,
                             on_slurm)
-    return run_local(todo, runs, submit_folder(root, tag), jobs, gpus, name)
+    return run_local(todo, runs, submit_folder(root, tag), jobs, gpus, name, stop_after)
 
 
 def unfinished(planned: list, states: dict[Path, str]) -> tuple[list, list]:
@@ -151,8 +152,8 @@ def unfinished(planned: list, states: dict[Path, str]) -> tuple[list, list]:
 
 
 def outcome(counts: dict[str, int], minutes: float) -> int:
-    """Print how the sweep ended; its exit status: EXIT_PREEMPTED when a signal stopped it (the
-    same command resumes), 1 when a run failed, else 0."""
+    """Print how the sweep ended; its exit status: EXIT_PREEMPTED when a signal or its time
+    limit stopped it (the same command resumes), 1 when a run failed, else 0."""
     if counts.get("submitted") or counts.get("on SLURM"):
         on = counts.get("on SLURM", 0)
         print(f"submitted {counts.get('submitted', 0)} run(s) to SLURM in {minutes:.1f} min"
@@ -162,8 +163,8 @@ def outcome(counts: dict[str, int], minutes: float) -> int:
     print(("finished: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
            if counts else "nothing to run") + f" in {minutes:.1f} min")
     if counts.get("preempted") or counts.get(NOT_STARTED):
-        print("stopped by a signal: run the same command to resume the preempted runs from "
-              "their checkpoints.")
+        print("stopped (a signal, or --stop-after): run the same command to resume the "
+              "preempted runs from their checkpoints.")
         return EXIT_PREEMPTED
     return 1 if any(s not in FINAL for s in counts) else 0
 
@@ -176,6 +177,10 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--launcher", choices=LAUNCHERS, default="local",
                    help="local: on this machine, --jobs at a time (default); slurm: one job "
                         "array, --jobs at a time")
+    g.add_argument("--stop-after", type=float, metavar="MIN",
+                   help="local: after MIN minutes stop as SIGTERM does (running runs checkpoint "
+                        "and stop as preempted, queued ones wait); the same command resumes, "
+                        "here or on another machine (default: no limit; on SLURM: --time)")
     g.add_argument("--allow-dirty", action="store_true",
                    help="run from a working tree with uncommitted changes (a trial: such runs "
                         "are never committed; without it the sweep refuses)")
@@ -216,7 +221,14 @@ def launcher_kwargs(a: argparse.Namespace) -> dict:
         if given:
             flag = "--" + given[0].replace("_", "-")
             raise BnlabError(f"{flag} is a SLURM option; add --launcher slurm, or leave it out.")
-        return {"launcher": "local", **dirty_kwargs(a)}
+        if a.stop_after is not None and not a.stop_after > 0:
+            raise BnlabError(f"--stop-after={a.stop_after:g} must be a positive number of "
+                             "minutes.")
+        limit = {} if a.stop_after is None else {"stop_after": a.stop_after}
+        return {"launcher": "local", **limit, **dirty_kwargs(a)}
+    if a.stop_after is not None:
+        raise BnlabError("--stop-after is for sweeps on this machine; on SLURM, --time sets the "
+                         "limit (runs checkpoint before it and are requeued).")
     for name in ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "time",
                  "signal_delay"):
         v, low = getattr(a, name), 0 if name == "gpus_per_node" else 1

@@ -321,7 +321,8 @@ def test_a_sweep_refuses_a_dirty_working_tree_unless_allowed(tmp_path, monkeypat
     assert "uncommitted changes" in capsys.readouterr().err
     monkeypatch.setattr(sweep_module, "git_commit", lambda: "abc123")
     assert sweep_module.launcher_kwargs(sweep_module.argparse.Namespace(
-        launcher="local", allow_dirty=True, **dict.fromkeys(sweep_module.SLURM_ONLY))) == \
+        launcher="local", allow_dirty=True, stop_after=None,
+        **dict.fromkeys(sweep_module.SLURM_ONLY))) == \
         {"launcher": "local", "allow_dirty": True}
 
 
@@ -334,3 +335,42 @@ def test_the_progress_bar_counts_epochs_from_the_runs_logs(tmp_path):
         '{"step": 1, "epoch": 0.25}\n' + '{"step": 5, "epoch": 1.5, "train/loss": 2.0}\n'
         + '{"step": 6, "epo')  # the line being written
     assert epoch_reached(tmp_path) == 1.5
+
+
+@pytest.mark.slow  # CI time (three launches, 40-90 s); make test-slow runs it
+def test_a_sweep_stopped_by_its_time_limit_resumes_to_completion(tmp_path, monkeypatch):
+    """--stop-after: at the limit the sweep stops as SIGTERM does (the running run checkpoints
+    and stops as preempted, the queued one does not start); the same sweep without a limit
+    then resumes it and runs the other to the end. The limit passes on a clock that jumps an
+    hour once the first run has begun training, so the test does not depend on its speed."""
+    from types import SimpleNamespace
+
+    from bnlab.lab import local
+
+    spec = tiny_spec(tmp_path, num_train=512)
+    root = tmp_path / "runs"
+    first, second = (d for *_, d in plan(spec, "synthetic-512", root))
+    real = time.monotonic
+    monkeypatch.setattr(local, "time", SimpleNamespace(sleep=time.sleep, monotonic=lambda: real(
+        ) + (3600.0 if (first / "metrics.jsonl").is_file() else 0.0)))
+    counts = sweep([spec], None, 1, root=root, allow_dirty=True, stop_after=1.0)
+    assert counts == {"preempted": 1, "not started": 1}, counts
+    assert read_status(first) == "preempted" and (first / "checkpoint.pt").is_file()
+    assert not second.exists()
+    monkeypatch.undo()
+    assert sweep([spec], None, 1, root=root, allow_dirty=True) == {"completed": 2}
+    assert read_status(first) == read_status(second) == "completed"
+    assert json.loads((first / "sweep.json").read_text())["launches"] == 2
+    assert "from_step" in json.loads((first / "run.json").read_text())["resumed"][0]
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--stop-after", "0"], "--stop-after=0 must be a positive number of minutes"),
+    (["--stop-after", "5", "--launcher", "slurm"], "--stop-after is for sweeps on this machine"),
+])
+def test_a_bad_time_limit_is_one_sentence(args, said, capsys):
+    from bnlab.lab.sweep import main
+
+    assert main([str(EXPERIMENTS / "jitter/sweep.yaml"), *args, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1, err
