@@ -142,14 +142,16 @@ def write_run_info(run_dir: Path, cfg: dict, extra: dict) -> None:
     (run_dir / "run.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
-def note_resume(run_dir: Path, step: int, dropped_lines: int) -> None:
-    """Add this resume (when, from which step, this commit) to run.json's `resumed` list."""
+def note_resume(run_dir: Path, step: int, dropped_lines: int, device: str | None = None) -> None:
+    """Add this resume (when, from which step, this commit, machine and device) to run.json's
+    `resumed` list."""
     path = Path(run_dir) / "run.json"
     info = json.loads(path.read_text()) if path.is_file() else {}
     info.setdefault("resumed", []).append({
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "from_step": step,
         "metrics_lines_dropped": dropped_lines, "commit": git_commit(),
-        "host": socket.gethostname(), "machine": machine()})
+        "host": socket.gethostname(), "machine": machine(),
+        **({"device": device} if device else {})})
     path.write_text(json.dumps(info, indent=2) + "\n")
 
 

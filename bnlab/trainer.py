@@ -226,7 +226,7 @@ def setup(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None,
         if resuming:
             truncate_metrics(run_dir, step, PREDICTIONS)
             dropped = truncate_metrics(run_dir, step)
-            note_resume(run_dir, step, dropped)
+            note_resume(run_dir, step, dropped, str(env.device))
             dist.print0(f"resuming {run_dir} at step {step} (epoch {epoch0 + 1}, step "
                         f"{start} of {spe}); dropped {dropped} metrics line(s) past it")
         else:

@@ -37,6 +37,24 @@ def run_machines(run: Run, hosts: dict[str, list[str]]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def run_devices(run: Run) -> list[str]:
+    """The devices a run trained on: at its start and at each resume that names one."""
+    entries = [run.info, *run.info.get("resumed", [])]
+    return list(dict.fromkeys(e["device"] for e in entries if e.get("device"))) or ["?"]
+
+
+def devices_by_cell(cells: list[CellResult]) -> str | None:
+    """Where a table's runs trained on more than one device: each cell's devices, and which
+    cells mix them (across seeds, or within a run that resumed elsewhere); else None."""
+    per = {c.cell.label: sorted({d for r in c.runs for d in run_devices(r)}) for c in cells
+           if c.runs}
+    if len({d for ds in per.values() for d in ds}) < 2:
+        return None
+    return "- Devices by cell: " + "; ".join(
+        f"{label}: {', '.join(ds)}" + (" (mixed)" if len(ds) > 1 else "")
+        for label, ds in per.items())
+
+
 def provenance(cells: list[CellResult], tag: str, root: Path = RUNS, budget: int | None = None,
                jobs: int = 1) -> str:
     """Data, machine, commits and compute of the runs behind a table, read from the runs; the
@@ -48,13 +66,13 @@ def provenance(cells: list[CellResult], tag: str, root: Path = RUNS, budget: int
     commits = sorted({r.info.get("commit") or "?" for r in runs})
     hosts = read_hosts(root / tag)
     machines = sorted({m for r in runs for m in run_machines(r, hosts)})
-    devices = sorted({r.info.get("device", "?") for r in runs})
+    devices = sorted({d for r in runs for d in run_devices(r)})
     torch_v = sorted({r.info.get("versions", {}).get("torch") or "?" for r in runs})
     expected = sum(c.expected for c in cells)
     held = sorted({r.holdout for r in runs})
     where = "its test split" if held == [0] else \
         f"{' or '.join(map(str, held))} training images held out of training"
-    return "\n".join([
+    lines = [
         f"- Data: `{tag}` (CIFAR-10 training images read from the sweep's `--data`; "
         f"validation on {where})",
         f"- Machine: {'; '.join(machines)}; device {', '.join(devices)}; torch "
@@ -67,7 +85,9 @@ def provenance(cells: list[CellResult], tag: str, root: Path = RUNS, budget: int
         f"- Wall time of this target: about {wall_minutes(runs, jobs):.0f} min at {jobs} runs "
         f"side by side for the {len(runs)} of {expected} runs finished (no budget: the headline "
         "protocol takes hours on this machine)",
-    ])
+    ]
+    mixed = devices_by_cell(cells)
+    return "\n".join(lines[:2] + ([mixed] if mixed else []) + lines[2:])
 
 
 def budget_line(runs: list, expected: int, cap: int, jobs: int) -> str:

@@ -52,3 +52,21 @@ def test_the_budget_line_counts_each_run_once_and_says_whether_it_was_met():
     assert over.endswith("missed, 1.3x over")
     assert budget_line(runs, 9, 120, 2).startswith("budget 120 min") and "within it" in \
         budget_line(runs, 9, 120, 2)
+
+
+def test_a_table_names_each_cells_devices_and_the_cells_that_mix_them(tmp_path):
+    """A run records its device at its start and at each resume; a table whose runs used more
+    than one device says which cells ran where and which mix them."""
+    from bnlab.lab.page import provenance
+    from bnlab.rundir import note_resume
+
+    spec = load_spec(ROOT / "experiments/ranks/sweep.yaml")
+    a, b = spec.cells[:2]
+    for cell, seed in ((a, 0), (a, 1), (b, 0)):
+        fake_run(tmp_path / "t" / cell.key / f"seed{seed}", [1.0] * 25)
+    same = provenance(collect(spec, "t", tmp_path), "t", tmp_path)
+    assert "device cpu;" in same and "Devices by cell" not in same  # one device: one word
+    note_resume(tmp_path / "t" / a.key / "seed1", 10, 0, "cuda:0")  # resumed on a GPU
+    mixed = provenance(collect(spec, "t", tmp_path), "t", tmp_path)
+    assert "device cpu, cuda:0;" in mixed
+    assert f"- Devices by cell: {a.label}: cpu, cuda:0 (mixed); {b.label}: cpu" in mixed
