@@ -38,18 +38,19 @@ def executor(folder: Path):
 
 
 def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: Path,
-              jobs: int, gpus: int | None, name: str, stop_after: float | None = None
-              ) -> dict[str, int]:
+              jobs: int, gpus: int | None, name: str, stop_after: float | None = None,
+              runs_per_gpu: int = 1) -> dict[str, int]:
     """Run the runs here, `jobs` at a time, until they end or a signal stops them (submitit's
-    logs under `folder`); returns how many ended how. Each run gets GPUs of its own (`gpus`,
-    default every visible one) and waits while too few are free. After `stop_after` minutes
-    the sweep stops as if SIGTERM had come."""
+    logs under `folder`); returns how many ended how. Each rank of a run gets a GPU (`gpus`,
+    default every visible one) that at most `runs_per_gpu` runs share, and a run waits while
+    too few are free. After `stop_after` minutes the sweep stops as if SIGTERM had come."""
     counts: dict[str, int] = {}
     queue = list(zip(todo, runs, strict=True))
     running: dict = {}
     ex = executor(folder)
-    free, held = gpu_ids(torch_gpus() if gpus is None else gpus), {}  # ids not in use; job ->
-    n_gpus = len(free)
+    ids_here = gpu_ids(torch_gpus() if gpus is None else gpus)
+    free, held = ids_here * runs_per_gpu, {}  # one slot per run a GPU can still take; job ->
+    n_gpus = len(ids_here)
     if any(needs(c, n_gpus) > n_gpus for c, _, _ in todo):
         raise BnlabError(f"a run needs more GPUs than the {n_gpus} visible here; run it on a "
                          "machine with more, or with --launcher slurm.")
@@ -67,9 +68,8 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
                 bar.write(f"  --stop-after {stop_after:g} min reached: each running run "
                           "checkpoints and stops; the same command resumes")
             while queue and len(running) < jobs and not stop.asked and \
-                    needs(queue[0][0][0], n_gpus) <= len(free):
+                    (ids := take(free, needs(queue[0][0][0], n_gpus))) is not None:
                 (cell, seed, d), run = queue.pop(0)
-                ids = [free.pop(0) for _ in range(needs(cell, n_gpus))]
                 ex.update_parameters(gpus_per_node=len(ids), visible_gpus=tuple(ids))
                 run.gpus = ",".join(map(str, ids)) if ids else os.environ.get(
                     "CUDA_VISIBLE_DEVICES")  # GPUs named by UUID: every run sees all of them
@@ -146,6 +146,18 @@ def gpu_ids(n: int) -> list[int]:
         return list(range(n))
     parts = [x.strip() for x in env.split(",") if x.strip()]
     return [int(x) for x in parts][:n] if all(x.isdigit() for x in parts) else []
+
+
+def take(free: list[int], n: int) -> list[int] | None:
+    """`n` different GPUs for one run, out of `free` (a GPU appears there once per run it can
+    still take), the least loaded first, removed from `free`; None, `free` untouched, where
+    fewer than `n` GPUs have room."""
+    ids = sorted(set(free), key=lambda g: (-free.count(g), g))[:n]
+    if len(ids) < n:
+        return None
+    for g in ids:
+        free.remove(g)
+    return ids
 
 
 def needs(cell: Cell, gpus: int) -> int:

@@ -92,14 +92,15 @@ def submit_folder(root: Path, tag: str) -> Path:
 def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | None = None,
           root: Path = RUNS, launcher: str = "local", slurm: Slurm | None = None,
           wait: bool = True, gpus: int | None = None,
-          allow_dirty: bool | None = None, stop_after: float | None = None) -> dict[str, int]:
+          allow_dirty: bool | None = None, stop_after: float | None = None,
+          runs_per_gpu: int = 1) -> dict[str, int]:
     """Run every unfinished run of `specs` through submitit, `jobs` at a time; returns how
     many ended how. On this machine each run gets GPUs of its own (`gpus`, default every
     visible one; as many as its ranks), and waits while too few are free. `launcher="slurm"`
     submits them as one SLURM job array instead (with `slurm`'s resources; `wait=False`
     returns once they are submitted). Runs start only from a clean working tree unless
     `allow_dirty` (or BNLAB_ALLOW_DIRTY) says otherwise. On this machine, `stop_after`
-    minutes stop the sweep as SIGTERM does."""
+    minutes stop the sweep as SIGTERM does, and up to `runs_per_gpu` runs share a GPU."""
     tag = data_tag(specs[0].cells[0].cfg)
     name = "+".join(s.name for s in specs)
     if launcher == "slurm":  # every run's layout, before anything is moved or submitted
@@ -128,7 +129,8 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
     if launcher == "slurm":
         return submit_slurm(todo, runs, submit_folder(root, tag), jobs, threads, slurm, wait,
                             on_slurm)
-    return run_local(todo, runs, submit_folder(root, tag), jobs, gpus, name, stop_after)
+    return run_local(todo, runs, submit_folder(root, tag), jobs, gpus, name, stop_after,
+                     runs_per_gpu)
 
 
 def unfinished(planned: list, states: dict[Path, str]) -> tuple[list, list]:
@@ -181,6 +183,9 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
                    help="local: after MIN minutes stop as SIGTERM does (running runs checkpoint "
                         "and stop as preempted, queued ones wait); the same command resumes, "
                         "here or on another machine (default: no limit; on SLURM: --time)")
+    g.add_argument("--runs-per-gpu", type=int, metavar="K",
+                   help="local: up to K runs share each GPU, each its own process with a share "
+                        "of the CPU threads (set --jobs to K x GPUs; default 1)")
     g.add_argument("--allow-dirty", action="store_true",
                    help="run from a working tree with uncommitted changes (a trial: such runs "
                         "are never committed; without it the sweep refuses)")
@@ -224,11 +229,17 @@ def launcher_kwargs(a: argparse.Namespace) -> dict:
         if a.stop_after is not None and not a.stop_after > 0:
             raise BnlabError(f"--stop-after={a.stop_after:g} must be a positive number of "
                              "minutes.")
+        if a.runs_per_gpu is not None and a.runs_per_gpu < 1:
+            raise BnlabError(f"--runs-per-gpu={a.runs_per_gpu} must be at least 1.")
         limit = {} if a.stop_after is None else {"stop_after": a.stop_after}
-        return {"launcher": "local", **limit, **dirty_kwargs(a)}
+        pack = {} if a.runs_per_gpu is None else {"runs_per_gpu": a.runs_per_gpu}
+        return {"launcher": "local", **limit, **pack, **dirty_kwargs(a)}
     if a.stop_after is not None:
         raise BnlabError("--stop-after is for sweeps on this machine; on SLURM, --time sets the "
                          "limit (runs checkpoint before it and are requeued).")
+    if a.runs_per_gpu is not None:
+        raise BnlabError("--runs-per-gpu is for sweeps on this machine; on SLURM each run is "
+                         "its own job with the GPUs it asks for (--gpus-per-node).")
     for name in ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "time",
                  "signal_delay"):
         v, low = getattr(a, name), 0 if name == "gpus_per_node" else 1

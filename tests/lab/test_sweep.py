@@ -138,6 +138,30 @@ def test_local_runs_get_gpus_as_the_sweep_sees_them(monkeypatch):
     assert gpu_ids(2) == []  # UUIDs: the runs share the GPUs, as without the sweep
 
 
+def test_k_runs_share_a_gpu_each_rank_on_a_different_one_the_least_loaded_first():
+    from bnlab.lab.local import take
+
+    free = [0, 1] * 2  # two GPUs, two runs each (--runs-per-gpu 2)
+    assert take(free, 1) == [0] and take(free, 1) == [1]  # spread before packing
+    assert take(free, 2) == [0, 1] and free == []  # a 2-rank run: two different GPUs
+    assert take(free, 1) is None  # full: the run waits
+    free = [0, 0]  # one GPU with room for two runs
+    assert take(free, 2) is None and free == [0, 0]  # ranks never share a GPU; untouched
+    assert take(free, 0) == [] and free == [0, 0]  # a CPU run takes none
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--runs-per-gpu", "0"], "--runs-per-gpu=0 must be at least 1"),
+    (["--runs-per-gpu", "4", "--launcher", "slurm"], "--runs-per-gpu is for sweeps on this"),
+])
+def test_bad_packing_is_one_sentence(args, said, capsys):
+    from bnlab.lab.sweep import main
+
+    assert main([str(EXPERIMENTS / "jitter/sweep.yaml"), *args, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_a_run_stopped_before_it_began_is_not_started(tmp_path):
     """SIGTERM can reach train.py before it installs its handler (while it imports): that run
     never began, so the job reports it not started and leaves no directory to set aside."""
@@ -321,7 +345,7 @@ def test_a_sweep_refuses_a_dirty_working_tree_unless_allowed(tmp_path, monkeypat
     assert "uncommitted changes" in capsys.readouterr().err
     monkeypatch.setattr(sweep_module, "git_commit", lambda: "abc123")
     assert sweep_module.launcher_kwargs(sweep_module.argparse.Namespace(
-        launcher="local", allow_dirty=True, stop_after=None,
+        launcher="local", allow_dirty=True, stop_after=None, runs_per_gpu=None,
         **dict.fromkeys(sweep_module.SLURM_ONLY))) == \
         {"launcher": "local", "allow_dirty": True}
 
