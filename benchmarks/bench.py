@@ -33,6 +33,11 @@ from bnlab.rundir import git_commit  # noqa: E402
 
 CELL = ["norm=bn", "dist.simulate=4"]  # the table-jitter cell: resnet18, 4 simulated ranks x 2
 CELL_STEPS, CELL_EVALS = 3175, 25  # its 5 epochs of 635 steps on 5,085 images, 5 evals/epoch
+HEADLINE = ["norm=bn", "dist.simulate=4"]  # the headline cell (resnet20), 4 x 2
+# Its 20 epochs of 635 steps; evaluations: one per epoch over the first half, 10 per epoch on
+# the plateau (configs/experiment/headline.yaml: eval_every 10, eval_sparse_until 0.5).
+HEADLINE_STEPS, HEADLINE_EVALS = 12700, 110
+PACK = (1, 2, 4, 8, 16)  # runs side by side on one GPU
 
 
 class Bench:
@@ -154,6 +159,28 @@ def gpu(b: Bench) -> None:
         t = m.eval_s(model, 256, n, device="cuda")
         b.row("gpu", f"{name}: evaluation, {model}, batch 256", n / t, "images/s",
               note=f"{n} images in {t:.2f} s")
+    packing(b, "cuda")
+
+
+def packing(b: Bench, device: str, ks: tuple[int, ...] = PACK) -> None:
+    """K runs of the headline cell side by side on one `device`, each its own process with
+    cores / K threads: each one's step and evaluation time measured while all K run, and the
+    headline runs per hour they give (estimated from those times, as the threads section)."""
+    cores, name = os.cpu_count() or 1, m.device_name(device)
+    steps, per_hour = b.n(200, 12), {}
+    for k in ks:
+        threads = max(1, cores // k)
+        res = _results([_worker("headline", steps, threads, device) for _ in range(k)])
+        step, ev = m.median([r[0] for r in res]), m.median([r[1] for r in res])
+        run_s = HEADLINE_STEPS * step + HEADLINE_EVALS * ev
+        per_hour[k] = k * 3600 / run_s
+        b.row("packing", f"{name}: {k} run(s) side by side, step", step, "s/step",
+              note=f"{threads} thread(s) each; evaluation {ev:.2f} s; one run {run_s / 60:.1f} "
+              "min")
+    for k, rate in per_hour.items():
+        b.row("packing", f"{name}: {k} run(s) side by side", rate, "runs/h", per_hour[ks[0]],
+              f"{ks[0]} run", note="headline cell (resnet20 4 x 2, 20 epochs), estimated from "
+              "the measured step and evaluation times")
 
 
 def _worker(fn: str, *args, **kw) -> subprocess.Popen:
@@ -239,6 +266,11 @@ def worker(spec: str) -> None:
         steps, threads = s["args"]
         step = m.median(m.trainer_step_s("resnet18", 2, steps, 6, CELL, threads=threads))
         out = (step, m.eval_s("resnet18", 256, 1017))
+    elif s["fn"] == "headline":
+        steps, threads, device = s["args"]
+        step = m.median(m.trainer_step_s("resnet20", 2, steps, 6, HEADLINE, threads=threads,
+                                         device=device))
+        out = (step, m.eval_s("resnet20", 256, 1017, device=device))
     else:
         out = getattr(m, s["fn"])(*s["args"], **s["kw"])
     print(json.dumps(out))

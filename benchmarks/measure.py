@@ -41,10 +41,10 @@ def run_cfg(overrides: list[str]) -> dict:
 # -- the trainer, end to end ------------------------------------------------------------------
 
 def trainer_step_s(model: str, batch: int, steps: int, every: int, extra: list[str] = (),
-                   threads: int = 0) -> list[float]:
+                   threads: int = 0, device: str = "cpu") -> list[float]:
     """Seconds per optimizer step of `trainer.run` itself (loader, step, scheduler, meters,
-    logging), from the images/s it logs every `every` steps; the first interval (warm-up)
-    is dropped."""
+    logging) on `device`, from the images/s it logs every `every` steps; the first interval
+    (warm-up) is dropped."""
     world = next((int(o.split("=")[1]) for o in extra if o.startswith("dist.simulate=")), 1)
     # One step more than max_steps, so the run stops before the epoch's end (no evaluation).
     cfg = run_cfg([f"model={model}", "data=synthetic",
@@ -53,7 +53,7 @@ def trainer_step_s(model: str, batch: int, steps: int, every: int, extra: list[s
                    f"max_steps={steps}", f"log_every={every}", "diagnostics.enabled=false",
                    "checkpoint=false", "progress=false", "optim.schedule=constant",
                    "optim.warmup_epochs=0", f"dist.threads={threads}", *extra])
-    env = dist.init("cpu", "gloo", threads=threads)
+    env = dist.init(device, "gloo" if device == "cpu" else "auto", threads=threads)
     with tempfile.TemporaryDirectory() as d:
         trainer.run(cfg, Path(d), env)
         rows = read_jsonl(Path(d) / "metrics.jsonl")
@@ -207,6 +207,13 @@ def precise_bn_s(model: str, simulate: int, batch: int, samples: int) -> float:
     t0 = time.perf_counter()
     recalibrate(net, lambda: loader.images(0, steps), "train", "pooled")
     return time.perf_counter() - t0
+
+
+def device_name(device: str) -> str:
+    """The device a figure was measured on, named in its row: the GPU's name, else the CPU."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return "CPU"
 
 
 def eval_s(model: str, batch: int, n: int = 1024, device: str = "cpu") -> float:

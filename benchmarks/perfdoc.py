@@ -64,6 +64,10 @@ WHY = {
            "device synchronised before each clock reading. The SyncBN rows time one layer's "
            "forward and backward through a one-rank NCCL group: the implementations' own "
            "arithmetic and one all_gather, with no other rank to wait for.",
+    "packing": "K runs of the headline cell (resnet20, 4 simulated ranks x 2 images) side by "
+               "side on one GPU (`python -m bnlab.claims ... --runs-per-gpu K --jobs K`), each "
+               "its own process with cores / K threads; step and evaluation times measured "
+               "while all K run, runs per hour computed from them for a 20-epoch run.",
 }
 
 

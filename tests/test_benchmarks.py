@@ -110,3 +110,18 @@ def test_an_option_is_called_worth_it_only_where_it_was_faster():
     assert text.endswith("it would pay only at the settings where it is faster.")
     assert perfdoc.option_verdict("compile", rows[:1]).endswith("did not pay at any measured "
                                                                 "setting.")
+
+
+@pytest.mark.slow  # three worker processes train (40-100 s); make test-slow runs it
+def test_packing_measures_k_runs_side_by_side_and_names_the_device():
+    """The GPU section's runs-per-hour rows, exercised on the CPU: every K gets a measured step
+    and a runs/h row against K = 1."""
+    b = bench.Bench(quick=True)
+    b.current = "gpu"
+    bench.packing(b, "cpu", ks=(1, 2))
+    steps = [r for r in b.rows if r["unit"] == "s/step"]
+    rates = [r for r in b.rows if r["unit"] == "runs/h"]
+    assert [r["what"] for r in steps] == ["CPU: 1 run(s) side by side, step",
+                                          "CPU: 2 run(s) side by side, step"]
+    assert all(r["value"] > 0 for r in steps + rates)
+    assert rates[0]["ratio"] == 1.0 and rates[1]["ref"] == rates[0]["value"]
