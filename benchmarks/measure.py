@@ -181,7 +181,10 @@ def _local_syncbn_collectives() -> None:
         def all_reduce(t, group=None, op=None):
             t.mul_(tdist.get_world_size(group))
 
-    bnlab.syncbn.dist = Local()
+    if not isinstance(getattr(bnlab.syncbn, "tdist", None), type(tdist)):
+        raise RuntimeError("bnlab.syncbn no longer names torch.distributed `tdist`: update "
+                           "_local_syncbn_collectives, or its timings keep the collectives")
+    bnlab.syncbn.tdist = Local()
 
 
 def real_ddp(nproc: int, *args, **kw) -> float:

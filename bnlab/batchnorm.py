@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from bnlab.compat import BN_TAKES_BIAS, bias_kw, drop_bias
 from bnlab.errors import BnlabError
 from bnlab.syncbn import (
     group_ranks,
@@ -57,7 +58,8 @@ class RankBatchNorm(_BatchNorm):
                  track_running_stats: bool = True, device=None, dtype=None, *,
                  bias: bool = True, impl: str = "auto"):
         super().__init__(num_features, eps, momentum, affine, track_running_stats,
-                         device=device, dtype=dtype, bias=bias)
+                         device=device, dtype=dtype, **bias_kw(bias, BN_TAKES_BIAS))
+        drop_bias(self, bias)
         assert sync in SYNC_MODES, sync
         if impl not in SYNCBN_IMPLS:
             raise BnlabError(f"norm.impl='{impl}' is unknown; choose one of {SYNCBN_IMPLS}.")
@@ -67,6 +69,13 @@ class RankBatchNorm(_BatchNorm):
 
     def _check_input_dim(self, x: torch.Tensor) -> None:
         _check_dims(x)
+
+    def reset_parameters(self) -> None:  # as torch >= 2.12 does, also on an older torch
+        self.reset_running_stats()
+        if self.affine:
+            nn.init.ones_(self.weight)
+            if self.bias is not None:
+                nn.init.zeros_(self.bias)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", sync={self.sync}, sync_group={self.sync_group}"

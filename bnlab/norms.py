@@ -28,6 +28,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
 from bnlab.batchnorm import BatchNormXd, FrozenBatchNorm, RankBatchNorm
+from bnlab.compat import BN_TAKES_BIAS, GN_TAKES_BIAS, bias_kw, drop_bias
 from bnlab.errors import BnlabError
 
 # ----------------------------------------------------------------------------------------
@@ -95,8 +96,10 @@ def _frozen_bn(bn, name, eps=_KEEP, momentum=_KEEP, freeze_after=0):
 
 
 def _group_norm(bn, groups: int, eps) -> nn.GroupNorm:
-    gn = nn.GroupNorm(groups, bn.num_features, eps=bn.eps if eps is _KEEP else eps,
-                      affine=bn.affine, bias=bn.bias is not None, **_factory(bn))
+    bias = bn.bias is not None
+    gn = drop_bias(nn.GroupNorm(groups, bn.num_features, eps=bn.eps if eps is _KEEP else eps,
+                                affine=bn.affine, **bias_kw(bias, GN_TAKES_BIAS),
+                                **_factory(bn)), bias)
     return _carry(bn, gn, ("weight", "bias"))  # BN's per-channel affine is GN's
 
 
@@ -237,9 +240,10 @@ def revert(model: nn.Module) -> nn.Module:
         if not isinstance(module, (RankBatchNorm, nn.SyncBatchNorm)):
             return None
         cls = _reverts_to(module)
-        plain = cls(module.num_features, module.eps, module.momentum, module.affine,
-                    module.track_running_stats, bias=module.bias is not None,
-                    **_factory(module))
+        bias = module.bias is not None
+        plain = drop_bias(cls(module.num_features, module.eps, module.momentum, module.affine,
+                              module.track_running_stats, **bias_kw(bias, BN_TAKES_BIAS),
+                              **_factory(module)), bias)
         return _carry(module, plain, BN_STATE)
 
     return _swap(model, pick)

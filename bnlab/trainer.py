@@ -16,12 +16,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import yaml
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from bnlab import checkpoint, dist
 from bnlab.batchnorm import set_epoch
 from bnlab.bn_sync import sync_bn_stats
+from bnlab.compat import ddp
 from bnlab.data import Dataset, TrainLoader, build_dataset
 from bnlab.diagnostics import GapProbe, rank_running_stats
 from bnlab.errors import BnlabError
@@ -96,7 +96,7 @@ def wrap(model: nn.Module, cfg: dict, env: dist.DistEnv) -> nn.Module:
         return SimulatedDDP(model, cfg["dist"]["simulate"], sync_buffers)
     if env.distributed:
         ids = [env.device.index] if env.device.type == "cuda" else None
-        return DDP(model, device_ids=ids, forward_sync_buffers=sync_buffers)
+        return ddp(model, ids, sync_buffers)
     return model
 
 

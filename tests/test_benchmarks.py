@@ -125,3 +125,19 @@ def test_packing_measures_k_runs_side_by_side_and_names_the_device():
                                           "CPU: 2 run(s) side by side, step"]
     assert all(r["value"] > 0 for r in steps + rates)
     assert rates[0]["ratio"] == 1.0 and rates[1]["ref"] == rates[0]["value"]
+
+
+def test_the_local_syncbn_collectives_replace_the_ones_syncbn_calls(monkeypatch):
+    """The syncbn bench's "without communication" row: SyncBN's own collectives (the module
+    it calls them through) are replaced, so that row times no communication."""
+    import measure
+    import torch
+
+    import bnlab.syncbn
+
+    monkeypatch.setattr(bnlab.syncbn, "tdist", bnlab.syncbn.tdist)  # given back afterwards
+    measure._local_syncbn_collectives()
+    assert bnlab.syncbn.tdist is not torch.distributed
+    out = [torch.zeros(2), torch.zeros(2)]
+    bnlab.syncbn.tdist.all_gather(out, torch.ones(2))
+    assert all(torch.equal(o, torch.ones(2)) for o in out)

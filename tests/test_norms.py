@@ -12,6 +12,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 import bnlab
 from bnlab.batchnorm import BatchNormXd, FrozenBatchNorm, RankBatchNorm
+from bnlab.compat import BN_TAKES_BIAS, bias_kw, drop_bias
 from bnlab.errors import BnlabError
 from bnlab.norms import NORMS
 
@@ -170,7 +171,8 @@ def test_group_and_layer_norm_take_the_affine_parameters():
 
 def test_layer_options_dtype_and_device_are_kept():
     layers = [nn.BatchNorm2d(3, affine=False), nn.BatchNorm2d(3, track_running_stats=False),
-              nn.BatchNorm2d(3, bias=False), nn.BatchNorm3d(3, dtype=torch.float64)]
+              drop_bias(nn.BatchNorm2d(3, **bias_kw(False, BN_TAKES_BIAS)), False),
+              nn.BatchNorm3d(3, dtype=torch.float64)]
     for bn in layers:
         new = bnlab.convert(bn, "syncbn")  # a BN layer on its own: the new layer is returned
         assert isinstance(new, RankBatchNorm)
@@ -279,3 +281,45 @@ def test_a_refused_conversion_leaves_the_model_exactly_as_it_was():
     assert [type(m) for m in model.modules()] == before
     with pytest.raises(BnlabError, match="set norm.cap_groups=true"):  # 16 < 32: capping helps
         convert(nn.Sequential(nn.Conv2d(3, 16, 1), nn.BatchNorm2d(16)), "gn")
+
+
+def test_layers_without_a_shift_come_out_the_same_on_a_torch_without_bias_keywords(monkeypatch):
+    """torch before 2.12 has no `bias=` on BatchNorm or GroupNorm (bnlab.compat): there the
+    layer is built with a shift and the shift removed. Both ways give the same layers, state
+    and outputs (the older torch stood in for by the flags compat reads)."""
+    import bnlab.batchnorm
+    import bnlab.norms
+
+    def layers() -> list[tuple]:
+        torch.manual_seed(0)
+        x, out = torch.randn(4, 8, 3, 3), []
+        for kind in ("bn", "syncbn", "frozen_bn", "gn", "ln"):
+            bn = drop_bias(nn.BatchNorm2d(8, **bias_kw(False, BN_TAKES_BIAS)), False)
+            opts = {"groups": 4} if kind == "gn" else {}
+            layer = bnlab.convert(bn, kind, **opts)
+            back = bnlab.revert(layer)
+            out.append((kind, type(layer).__name__, layer.bias, sorted(layer.state_dict()),
+                        layer.train()(x), back.bias, sorted(back.state_dict())))
+        return out
+
+    new = layers()
+    for module, names in ((bnlab.batchnorm, ["BN_TAKES_BIAS"]),
+                          (bnlab.norms, ["BN_TAKES_BIAS", "GN_TAKES_BIAS"])):
+        for name in names:
+            monkeypatch.setattr(module, name, False)
+    old = layers()
+    for a, b in zip(new, old, strict=True):
+        assert a[:4] == b[:4] and a[5:] == b[5:] and a[2] is None, (a[:2], b[:2])
+        assert torch.equal(a[4], b[4]), a[0]
+
+
+def test_ddp_gets_its_buffer_sync_under_the_name_this_torch_gives_it(monkeypatch):
+    from bnlab import compat
+
+    got = {}
+    monkeypatch.setattr(compat, "DDP", lambda model, **kw: got.update(kw))
+    for name in ("forward_sync_buffers", "broadcast_buffers"):  # torch 2.13 / before
+        monkeypatch.setattr(compat, "DDP_SYNC_BUFFERS", name)
+        got.clear()
+        compat.ddp(nn.Linear(2, 2), None, False)
+        assert got == {"device_ids": None, name: False}
