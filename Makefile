@@ -3,6 +3,8 @@ SHELL := /bin/bash
 UV ?= $(shell command -v uv 2>/dev/null || echo python3 -m uv)
 PY := $(UV) run --frozen python
 DATA ?=
+# On a GPU machine with its own torch and no uv: make test-gpu PY=python3 INSTALL= (docs/performance.md)
+INSTALL ?= install
 RUNS ?=
 STAMP := $(shell date +%Y-%m-%d_%H-%M-%S)
 DEMO_DIR := outputs/demo/$(STAMP)
@@ -29,7 +31,7 @@ install: ## install everything with uv from uv.lock (into .venv)
 test: install ## run the test suite on CPU (slow tests excluded; ~4 min on 2 cores)
 	$(PY) -m pytest -q --durations=20
 
-test-gpu: install ## on a CUDA machine: the cuda tests, then the GPU benchmark section (docs/performance.md)
+test-gpu: $(INSTALL) ## on a CUDA machine: the cuda tests, then the GPU benchmark section (docs/performance.md)
 	@$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu: no CUDA device is visible; run it on a GPU machine.')"
 	$(PY) -m pytest -q -m cuda -rs
 	$(PY) benchmarks/bench.py --only gpu
