@@ -3,7 +3,7 @@ SHELL := /bin/bash
 UV ?= $(shell command -v uv 2>/dev/null || echo python3 -m uv)
 PY := $(UV) run --frozen python
 DATA ?=
-# On a GPU machine with its own torch and no uv: make test-gpu PY=python3 INSTALL= (docs/performance.md)
+# On a GPU machine with its own torch and no uv: make test-gpu PY=python3 INSTALL= (docs/training.md)
 INSTALL ?= install
 RUNS ?=
 STAMP := $(shell date +%Y-%m-%d_%H-%M-%S)

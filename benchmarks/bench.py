@@ -17,6 +17,7 @@ import platform
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,9 +34,9 @@ from bnlab.rundir import git_commit  # noqa: E402
 
 CELL = ["norm=bn", "dist.simulate=4"]  # the table-jitter cell: resnet18, 4 simulated ranks x 2
 CELL_STEPS, CELL_EVALS = 3175, 25  # its 5 epochs of 635 steps on 5,085 images, 5 evals/epoch
-HEADLINE = ["norm=bn", "dist.simulate=4"]  # the headline cell (resnet20), 4 x 2
-# Its 20 epochs of 635 steps; evaluations: one per epoch over the first half, 10 per epoch on
-# the plateau (configs/experiment/headline.yaml: eval_every 10, eval_sparse_until 0.5).
+# The headline cell: CELL's layout on resnet20. Its 20 epochs of 635 steps; evaluations: one
+# per epoch over the first half, 10 per epoch on the plateau (configs/experiment/headline.yaml:
+# eval_every 10, eval_sparse_until 0.5).
 HEADLINE_STEPS, HEADLINE_EVALS = 12700, 110
 PACK = (1, 2, 4, 8, 16)  # runs side by side on one GPU
 
@@ -164,13 +165,17 @@ def gpu(b: Bench) -> None:
 
 def packing(b: Bench, device: str, ks: tuple[int, ...] = PACK) -> None:
     """K runs of the headline cell side by side on one `device`, each its own process with
-    cores / K threads: each one's step and evaluation time measured while all K run, and the
-    headline runs per hour they give (estimated from those times, as the threads section)."""
+    cores / K threads, all starting together (a barrier once each has imported): each one's
+    step time measured while all K train, then its evaluation time (the others evaluate or
+    have finished then: a lower bound of its cost beside K runs), and the headline runs per
+    hour they give (estimated from those times, as the threads section)."""
     cores, name = os.cpu_count() or 1, m.device_name(device)
     steps, per_hour = b.n(200, 12), {}
     for k in ks:
         threads = max(1, cores // k)
-        res = _results([_worker("headline", steps, threads, device) for _ in range(k)])
+        with tempfile.TemporaryDirectory() as barrier:
+            res = _results([_worker("headline", steps, threads, device, barrier, k)
+                            for _ in range(k)])
         step, ev = m.median([r[0] for r in res]), m.median([r[1] for r in res])
         run_s = HEADLINE_STEPS * step + HEADLINE_EVALS * ev
         per_hour[k] = k * 3600 / run_s
@@ -260,6 +265,17 @@ SECTIONS: dict[str, Callable[[Bench], None]] = {
 }
 
 
+def wait_for_all(barrier: Path, k: int, timeout_s: float = 600) -> None:
+    """Say this worker is ready (a file in `barrier`) and wait until all `k` are."""
+    (barrier / f"ready-{os.getpid()}").touch()
+    deadline = time.monotonic() + timeout_s
+    while len(list(barrier.glob("ready-*"))) < k:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(list(barrier.glob('ready-*')))} of {k} workers "
+                               f"started within {timeout_s:.0f} s")
+        time.sleep(0.05)
+
+
 def worker(spec: str) -> None:
     s = json.loads(spec)
     if s["fn"] == "cell":
@@ -267,8 +283,9 @@ def worker(spec: str) -> None:
         step = m.median(m.trainer_step_s("resnet18", 2, steps, 6, CELL, threads=threads))
         out = (step, m.eval_s("resnet18", 256, 1017))
     elif s["fn"] == "headline":
-        steps, threads, device = s["args"]
-        step = m.median(m.trainer_step_s("resnet20", 2, steps, 6, HEADLINE, threads=threads,
+        steps, threads, device, barrier, k = s["args"]
+        wait_for_all(Path(barrier), k)
+        step = m.median(m.trainer_step_s("resnet20", 2, steps, 6, CELL, threads=threads,
                                          device=device))
         out = (step, m.eval_s("resnet20", 256, 1017, device=device))
     else:

@@ -66,8 +66,9 @@ WHY = {
            "arithmetic and one all_gather, with no other rank to wait for.",
     "packing": "K runs of the headline cell (resnet20, 4 simulated ranks x 2 images) side by "
                "side on one GPU (`python -m bnlab.claims ... --runs-per-gpu K --jobs K`), each "
-               "its own process with cores / K threads; step and evaluation times measured "
-               "while all K run, runs per hour computed from them for a 20-epoch run.",
+               "its own process with cores / K threads, all starting together; step times "
+               "measured while all K train, evaluation times after (a lower bound beside K "
+               "runs), runs per hour computed from them for a 20-epoch run.",
 }
 
 

@@ -70,7 +70,7 @@ class RankBatchNorm(_BatchNorm):
     def _check_input_dim(self, x: torch.Tensor) -> None:
         _check_dims(x)
 
-    def reset_parameters(self) -> None:  # as torch >= 2.12 does, also on an older torch
+    def reset_parameters(self) -> None:  # as torch 2.13 does, also on one without bias=
         self.reset_running_stats()
         if self.affine:
             nn.init.ones_(self.weight)

@@ -2,9 +2,14 @@
 torchvision (uv.lock pins 2.13 here; GPU machines often have older ones). Each difference is
 read once from the signature, not from a version number, and bridged here.
 
-- `bias=` of BatchNorm and GroupNorm (a layer without a shift) came after 2.4: on an older
-  torch the layer is built with one and its `bias` then removed, as the newer torch leaves it.
-- DistributedDataParallel's `forward_sync_buffers` (2.13) was `broadcast_buffers` before.
+- `bias=` of BatchNorm and GroupNorm (a layer without a shift: 2.13 has it, 2.4 does not):
+  on an older torch the layer is built with one and its `bias` then removed, as the newer
+  torch leaves it. bnlab's own layers reset such a layer as the newer torch does; torch's
+  own (what `revert` gives back, GroupNorm) fail in `reset_parameters()` there.
+- DistributedDataParallel's `forward_sync_buffers` (2.13; `broadcast_buffers` before) turns
+  the buffer sync at every forward on or off. With it off, 2.13 still copies rank 0's buffers
+  once when wrapping and the older flag does not; bnlab's ranks build identical buffers from
+  one seed and restore checkpoints after wrapping, so nothing it runs differs.
 """
 
 from __future__ import annotations

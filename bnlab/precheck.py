@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from bnlab.errors import BnlabError
@@ -70,14 +71,20 @@ def check(argv: list[str], config_name: str = "train") -> None:
                          "output_dir (or hydra.run.dir).")
 
 
-def first_rank(env=os.environ) -> bool:
-    """Whether this process is rank 0, read before any process group exists: torchrun's RANK,
-    else in a SLURM step of several tasks its SLURM_PROCID (which bnlab.dist.adopt_slurm_env
-    makes RANK later), else yes."""
+def first_rank(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process (`env`: its environment) is rank 0, read before any process group
+    exists and without torch: torchrun's RANK, else in a SLURM step of several tasks its
+    SLURM_PROCID (which bnlab.dist.adopt_slurm_env makes RANK later), else yes. A value that
+    is not a number counts as rank 0: the typo is then said rather than lost."""
+    env = os.environ if env is None else env
+
+    def number(key: str, default: int) -> int:
+        value = (env.get(key) or "").strip()
+        return int(value) if value.isdigit() else default
+
     if "RANK" in env:
-        return int(env["RANK"]) == 0
-    tasks = int(env.get("SLURM_STEP_NUM_TASKS", "1") or 1)
-    return tasks < 2 or int(env.get("SLURM_PROCID", "0")) == 0
+        return number("RANK", 0) == 0
+    return number("SLURM_STEP_NUM_TASKS", 1) < 2 or number("SLURM_PROCID", 0) == 0
 
 
 def check_or_exit(argv: list[str], config_name: str = "train") -> None:

@@ -284,7 +284,7 @@ def test_a_refused_conversion_leaves_the_model_exactly_as_it_was():
 
 
 def test_layers_without_a_shift_come_out_the_same_on_a_torch_without_bias_keywords(monkeypatch):
-    """torch before 2.12 has no `bias=` on BatchNorm or GroupNorm (bnlab.compat): there the
+    """torch 2.4 has no `bias=` on BatchNorm or GroupNorm (bnlab.compat, 2.13 has): there the
     layer is built with a shift and the shift removed. Both ways give the same layers, state
     and outputs (the older torch stood in for by the flags compat reads)."""
     import bnlab.batchnorm

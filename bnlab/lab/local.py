@@ -1,8 +1,10 @@
-"""A sweep's runs on this machine: submitit's local jobs, `jobs` at a time, each with GPUs of
-its own (as many as its ranks) while enough are free.
+"""A sweep's runs on this machine: submitit's local jobs, `jobs` at a time, each rank of a run
+on a GPU that at most `runs_per_gpu` runs share (default 1: GPUs of its own), while enough
+are free.
 
-SIGTERM or Ctrl-C stops the sweep cleanly: nothing new starts, and each running job is asked
-(again and again) to checkpoint and stop as `preempted`.
+SIGTERM or Ctrl-C, or the time limit (`stop_after`), stops the sweep cleanly: nothing new
+starts, and each running job is asked (again and again) to checkpoint and stop as
+`preempted`.
 """
 
 from __future__ import annotations
@@ -54,6 +56,13 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
     if any(needs(c, n_gpus) > n_gpus for c, _, _ in todo):
         raise BnlabError(f"a run needs more GPUs than the {n_gpus} visible here; run it on a "
                          "machine with more, or with --launcher slurm.")
+    if runs_per_gpu > 1 and not n_gpus:
+        raise BnlabError(f"--runs-per-gpu={runs_per_gpu} needs GPUs this sweep can hand out, "
+                         "and none is visible here (or CUDA_VISIBLE_DEVICES names them by UUID); "
+                         "leave it out, or name the GPUs by number.")
+    if runs_per_gpu > 1 and jobs < len(free):
+        print(f"note: --jobs {jobs} runs at a time leave {len(free) - jobs} of the "
+              f"{len(free)} GPU slots idle; --jobs {len(free)} fills them")
     epochs = {d: float(c.cfg["epochs"]) for c, _, d in todo}  # the bar counts epochs trained
     ended: set[Path] = set()  # runs that ended; `finished`: those that trained every epoch
     finished: set[Path] = set()
@@ -63,10 +72,7 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
                               dynamic_ncols=True, bar_format=BAR) as bar:
         asked_at = 0.0  # when the running jobs were last asked to stop
         while queue or running:
-            if limit is not None and time.monotonic() >= limit and not stop.asked:
-                stop.signum = signal.SIGTERM
-                bar.write(f"  --stop-after {stop_after:g} min reached: each running run "
-                          "checkpoints and stops; the same command resumes")
+            stop_at_limit(stop, limit, stop_after, bar)
             while queue and len(running) < jobs and not stop.asked and \
                     (ids := take(free, needs(queue[0][0][0], n_gpus))) is not None:
                 (cell, seed, d), run = queue.pop(0)
@@ -111,6 +117,14 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
                 last, drawn = shown, time.monotonic()
             time.sleep(POLL_S)
     return counts
+
+
+def stop_at_limit(stop: Stop, limit: float | None, minutes: float | None, bar) -> None:
+    """Past the time limit (`limit`, on time.monotonic's clock), stop as SIGTERM does, once."""
+    if limit is not None and time.monotonic() >= limit and not stop.asked:
+        stop.signum = signal.SIGTERM
+        bar.write(f"  --stop-after {minutes:g} min reached: each running run checkpoints and "
+                  "stops; the same command resumes")
 
 
 def epoch_reached(d: Path) -> float:

@@ -46,9 +46,9 @@ def run_devices(run: Run) -> list[str]:
 def devices_by_cell(cells: list[CellResult]) -> str | None:
     """Where a table's runs trained on more than one device: each cell's devices, and which
     cells mix them (across seeds, or within a run that resumed elsewhere); else None."""
-    per = {c.cell.label: sorted({d for r in c.runs for d in run_devices(r)}) for c in cells
-           if c.runs}
-    if len({d for ds in per.values() for d in ds}) < 2:
+    per = {c.cell.label: sorted({d for r in c.runs for d in run_devices(r)} - {"?"}) or ["?"]
+           for c in cells if c.runs}
+    if len({d for ds in per.values() for d in ds} - {"?"}) < 2:  # unrecorded: not a device
         return None
     return "- Devices by cell: " + "; ".join(
         f"{label}: {', '.join(ds)}" + (" (mixed)" if len(ds) > 1 else "")

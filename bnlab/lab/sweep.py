@@ -8,11 +8,10 @@ submitit jobs: on this machine (the default) or on a SLURM cluster.
 (`make table-<name>` runs its table's sweep through `python -m bnlab.claims <name>`.)
 
 The specs are composed (`bnlab/lab/spec.py`) and their runs planned (`bnlab/lab/plan.py`)
-first: a typo fails
-before anything runs, and a run that has finished (completed or diverged) is never run
-again, so an interrupted sweep picks up where it stopped. The runs left go to this machine
-(`bnlab/lab/local.py`) or to SLURM (`bnlab/lab/slurm.py`), each as a submitit job
-(`bnlab/lab/jobs.py`).
+first: a typo fails before anything runs, and a run that has finished (completed or
+diverged) is never run again, so an interrupted sweep picks up where it stopped. The runs
+left go to this machine (`bnlab/lab/local.py`) or to SLURM (`bnlab/lab/slurm.py`), each as a
+submitit job (`bnlab/lab/jobs.py`).
 
 SIGTERM or Ctrl-C stops the sweep cleanly: each running job checkpoints and stops as
 `preempted`, and the same command later resumes those runs from their checkpoints (a run
@@ -95,12 +94,13 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
           allow_dirty: bool | None = None, stop_after: float | None = None,
           runs_per_gpu: int = 1) -> dict[str, int]:
     """Run every unfinished run of `specs` through submitit, `jobs` at a time; returns how
-    many ended how. On this machine each run gets GPUs of its own (`gpus`, default every
-    visible one; as many as its ranks), and waits while too few are free. `launcher="slurm"`
+    many ended how. On this machine each rank of a run gets a GPU (`gpus`, default every
+    visible one) that at most `runs_per_gpu` runs share, and a run waits while too few are
+    free. `launcher="slurm"`
     submits them as one SLURM job array instead (with `slurm`'s resources; `wait=False`
     returns once they are submitted). Runs start only from a clean working tree unless
     `allow_dirty` (or BNLAB_ALLOW_DIRTY) says otherwise. On this machine, `stop_after`
-    minutes stop the sweep as SIGTERM does, and up to `runs_per_gpu` runs share a GPU."""
+    minutes stop the sweep as SIGTERM does."""
     tag = data_tag(specs[0].cells[0].cfg)
     name = "+".join(s.name for s in specs)
     if launcher == "slurm":  # every run's layout, before anything is moved or submitted

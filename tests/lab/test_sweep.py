@@ -398,3 +398,14 @@ def test_a_bad_time_limit_is_one_sentence(args, said, capsys):
     assert main([str(EXPERIMENTS / "jitter/sweep.yaml"), *args, "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert said in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_packing_runs_on_gpus_needs_gpus_it_can_hand_out(tmp_path, monkeypatch, capsys):
+    """--runs-per-gpu on a machine without GPUs (or with GPUs named by UUID) would pack
+    nothing: one sentence, before any run starts."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    spec = tiny_spec(tmp_path)
+    with pytest.raises(BnlabError, match="--runs-per-gpu=2 needs GPUs this sweep can hand out"):
+        sweep([spec], None, 2, root=tmp_path / "runs", allow_dirty=True, gpus=0,
+              runs_per_gpu=2)
+    assert not list((tmp_path / "runs").rglob("config.yaml"))  # nothing ran
