@@ -75,3 +75,28 @@ def test_jobs_default_to_the_specs_here_and_to_every_run_on_slurm(tmp_path):
     assert default_jobs([spec(2, [0, 1]), spec(3, [0])], "local") == 3
     assert default_jobs([spec(None, [0])], "local") == 1
     assert default_jobs([spec(2, [0, 1]), spec(3, [0])], "slurm") == 6
+
+
+def test_tables_that_disagree_on_jobs_cannot_share_a_verdict_block(tmp_path):
+    """One wall-time sentence stands under a block of verdicts: its tables must state their
+    wall time at the same `jobs:` and `budget:`, else one sentence says which to fix."""
+    from dataclasses import replace
+
+    import pytest
+
+    from bnlab.errors import BnlabError
+    from bnlab.lab.readme import write_verdicts
+    from bnlab.lab.spec import load_spec
+    from bnlab.lab.table import RunsData
+
+    lr, fixes = claims.TABLES["lr"], claims.TABLES["fixes"]
+    a = load_spec(EXPERIMENTS / "lr" / "sweep.yaml")
+    b = load_spec(EXPERIMENTS / "fixes" / "sweep.yaml")
+    b = replace(b, extra={**b.extra, "jobs": b.extra.get("jobs", 1) + 1})
+    readme = tmp_path / "README.md"
+    readme.write_text(f"<!-- {lr.marker}:begin -->\n<!-- {lr.marker}:end -->\n")
+    built = [(lr, RunsData(a, [], "t", tmp_path, tmp_path)),
+             (fixes, RunsData(b, [], "t", tmp_path, tmp_path))]
+    with pytest.raises(BnlabError, match="disagree on `jobs:`"):
+        write_verdicts(readme, lr.marker, built)
+    assert readme.read_text().count("\n") == 2  # nothing written
