@@ -50,19 +50,8 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
     queue = list(zip(todo, runs, strict=True))
     running: dict = {}
     ex = executor(folder)
-    ids_here = gpu_ids(torch_gpus() if gpus is None else gpus)
-    free, held = ids_here * runs_per_gpu, {}  # one slot per run a GPU can still take; job ->
-    n_gpus = len(ids_here)
-    if any(needs(c, n_gpus) > n_gpus for c, _, _ in todo):
-        raise BnlabError(f"a run needs more GPUs than the {n_gpus} visible here; run it on a "
-                         "machine with more, or with --launcher slurm.")
-    if runs_per_gpu > 1 and not n_gpus:
-        raise BnlabError(f"--runs-per-gpu={runs_per_gpu} needs GPUs this sweep can hand out, "
-                         "and none is visible here (or CUDA_VISIBLE_DEVICES names them by UUID); "
-                         "leave it out, or name the GPUs by number.")
-    if runs_per_gpu > 1 and jobs < len(free):
-        print(f"note: --jobs {jobs} runs at a time leave {len(free) - jobs} of the "
-              f"{len(free)} GPU slots idle; --jobs {len(free)} fills them")
+    free, held = gpu_slots([c for c, _, _ in todo], gpus, runs_per_gpu, jobs), {}  # job ->
+    n_gpus = len(set(free))
     epochs = {d: float(c.cfg["epochs"]) for c, _, d in todo}  # the bar counts epochs trained
     ended: set[Path] = set()  # runs that ended; `finished`: those that trained every epoch
     finished: set[Path] = set()
@@ -117,6 +106,25 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
                 last, drawn = shown, time.monotonic()
             time.sleep(POLL_S)
     return counts
+
+
+def gpu_slots(cells: list[Cell], gpus: int | None, runs_per_gpu: int, jobs: int) -> list[int]:
+    """The GPUs the runs of `cells` get here (`gpus`, default every visible one), each listed
+    once per run it can take at a time (`runs_per_gpu`); one sentence where a run needs more
+    GPUs than there are, or where there are none to pack runs onto."""
+    ids = gpu_ids(torch_gpus() if gpus is None else gpus)
+    if any(needs(c, len(ids)) > len(ids) for c in cells):
+        raise BnlabError(f"a run needs more GPUs than the {len(ids)} visible here; run it on a "
+                         "machine with more, or with --launcher slurm.")
+    if runs_per_gpu > 1 and not ids:
+        raise BnlabError(f"--runs-per-gpu={runs_per_gpu} needs GPUs this sweep can hand out, "
+                         "and none is visible here (or CUDA_VISIBLE_DEVICES names them by UUID); "
+                         "leave it out, or name the GPUs by number.")
+    slots = ids * runs_per_gpu
+    if runs_per_gpu > 1 and jobs < len(slots):
+        print(f"note: --jobs {jobs} runs at a time leave {len(slots) - jobs} of the "
+              f"{len(slots)} GPU slots idle; --jobs {len(slots)} fills them")
+    return slots
 
 
 def stop_at_limit(stop: Stop, limit: float | None, minutes: float | None, bar) -> None:
