@@ -150,18 +150,6 @@ def test_k_runs_share_a_gpu_each_rank_on_a_different_one_the_least_loaded_first(
     assert take(free, 0) == [] and free == [0, 0]  # a CPU run takes none
 
 
-@pytest.mark.parametrize("args, said", [
-    (["--runs-per-gpu", "0"], "--runs-per-gpu=0 must be at least 1"),
-    (["--runs-per-gpu", "4", "--launcher", "slurm"], "--runs-per-gpu is for sweeps on this"),
-])
-def test_bad_packing_is_one_sentence(args, said, capsys):
-    from bnlab.lab.sweep import main
-
-    assert main([str(EXPERIMENTS / "jitter/sweep.yaml"), *args, "--dry-run"]) == 2
-    err = capsys.readouterr().err
-    assert said in err and len(err.strip().splitlines()) == 1, err
-
-
 def test_a_run_stopped_before_it_began_is_not_started(tmp_path):
     """SIGTERM can reach train.py before it installs its handler (while it imports): that run
     never began, so the job reports it not started and leaves no directory to set aside."""
@@ -391,8 +379,10 @@ def test_a_sweep_stopped_by_its_time_limit_resumes_to_completion(tmp_path, monke
 @pytest.mark.parametrize("args, said", [
     (["--stop-after", "0"], "--stop-after=0 must be a positive number of minutes"),
     (["--stop-after", "5", "--launcher", "slurm"], "--stop-after is for sweeps on this machine"),
+    (["--runs-per-gpu", "0"], "--runs-per-gpu=0 must be at least 1"),
+    (["--runs-per-gpu", "4", "--launcher", "slurm"], "--runs-per-gpu is for sweeps on this"),
 ])
-def test_a_bad_time_limit_is_one_sentence(args, said, capsys):
+def test_a_bad_time_limit_or_packing_is_one_sentence(args, said, capsys):
     from bnlab.lab.sweep import main
 
     assert main([str(EXPERIMENTS / "jitter/sweep.yaml"), *args, "--dry-run"]) == 2
