@@ -53,8 +53,7 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
     free, held = gpu_slots([c for c, _, _ in todo], gpus, runs_per_gpu, jobs), {}  # job ->
     n_gpus = len(set(free))
     epochs = {d: float(c.cfg["epochs"]) for c, _, d in todo}  # the bar counts epochs trained
-    ended: set[Path] = set()  # runs that ended; `finished`: those that trained every epoch
-    finished: set[Path] = set()
+    ended: dict[Path, float] = {}  # runs that ended -> the epochs they trained, read once
     last, drawn = (0.0, 0, 0), 0.0  # what the bar shows, and when it was drawn
     limit = None if stop_after is None else time.monotonic() + 60 * stop_after
     with Stop() as stop, tqdm(total=sum(epochs.values()), desc=name, unit="epoch",
@@ -92,11 +91,9 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
                 bar.write(f"  {status:9s} {cell.label} seed {seed} ({wall:.0f} s)  {d}")
                 if status not in FINAL and status != "preempted":
                     bar.write(f"    see {d / 'train.log'}")
-                ended.add(d)
-                if status in FINAL:
-                    finished.add(d)
-            done = sum(epochs[d] if d in finished else min(epoch_reached(d), epochs[d])
-                       for d in [*ended, *(v[2] for v in running.values())])
+                ended[d] = epochs[d] if status in FINAL else min(epoch_reached(d), epochs[d])
+            done = sum(ended.values()) + sum(min(epoch_reached(d), epochs[d])
+                                             for _, _, d in running.values())
             shown = (round(done, 1), len(ended), len(running))
             if shown != last and (shown[1:] != last[1:] or time.monotonic() - drawn > DRAW_S):
                 bar.n = shown[0]  # redrawn when it moved, at most every DRAW_S (logs stay short)
