@@ -69,6 +69,7 @@ FLOOR_RATIO = 1.5  # bn's jitter above this multiple of its churn floor: its qua
 SURVIVES = 1.5     # C4: the effect survives at another rate at this ratio (and separated)
 LEARNED = NO_LEARNING + 5
 CLAIMED = "bn ±10, syncbn ±2"
+PENDING = "the nearest rate left to rule at"
 
 
 def cell(d: RunsData, norm: str, lr: float) -> CellResult | None:
@@ -136,14 +137,16 @@ def ruling_rate(d: RunsData) -> tuple[float | None, str]:
         return pick, why
     if ok is None:
         return None, why
-    known = {lr: steady(d, lr)[0] for lr in rates(d)}
-    if any(v is None for v in known.values()):
-        return None, why + "; the other rates' controls have not all run yet"
-    good = sorted((lr for lr, v in known.items() if v),
-                  key=lambda lr: (abs(math.log(lr / pick)), lr))
-    if not good:
-        return None, why + "; no rate has a steady control"
-    return good[0], why + f"; the nearest steady rate is {good[0]:g}"
+    # Nearest first; a rate not run yet blocks only the rates behind it, so C1 is ruled as
+    # soon as no unfinished rate could still turn out nearer (the answer is the same).
+    for lr in sorted((r for r in rates(d) if r != pick),
+                     key=lambda r: (abs(math.log(r / pick)), r)):
+        ok_lr, why_lr = steady(d, lr)
+        if ok_lr is None:
+            return None, f"{why}; {why_lr} ({PENDING})"
+        if ok_lr:
+            return lr, why + f"; the nearest steady rate is {lr:g}"
+    return None, why + "; no rate has a steady control"
 
 
 def outcome(d: RunsData, lr: float) -> str:
@@ -171,7 +174,7 @@ def c1_parts(d: RunsData) -> tuple[str, str, str]:
     lr, why = ruling_rate(d)
     if lr is None:
         bn, sb = cell(d, "bn", chosen(d)), cell(d, "syncbn", chosen(d))
-        v = "not run yet" if not ready(bn, sb) or "not all run" in why else "untestable"
+        v = "not run yet" if not ready(bn, sb) or PENDING in why else "untestable"
         return v, why, RULE_C1
     if not ready(cell(d, "bn", lr)):
         return "not run yet", f"bn at lr {lr:g}: fewer than {MIN_SEEDS} seeds finished", RULE_C1

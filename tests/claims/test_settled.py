@@ -73,6 +73,27 @@ def test_an_unsteady_chosen_rate_moves_c1_to_the_nearest_steady_rate(tmp_path):
     assert v.verdict == "untestable" and "no rate has a steady control" in v.ours
 
 
+def queued(rate: float, seeds: int = 5) -> list[CellResult]:
+    """bn and syncbn cells at `rate` with no seed finished yet."""
+    return [CellResult(Cell(f"{n} lr {rate:g}", [], list(range(seeds)), cfg={"epochs": 20},
+                            meta={"norm": n, "lr": rate}), [], seeds) for n in lr.NORMS]
+
+
+def test_c1_is_ruled_at_the_nearest_steady_rate_while_a_farther_rate_has_not_run(tmp_path):
+    noise = {("syncbn", 0.003125): 0.5, ("bn", 0.003125): 0.5, ("syncbn", 0.0125): 6.0,
+             ("bn", 0.0125): 6.0}
+    d = lr_data(tmp_path, noise)
+    d.cells += queued(0.1)
+    assert lr.ruling_rate(d)[0] == 0.003125
+    assert lr.c1(d).verdict == "not reproduced"
+    # the unfinished rate nearer than any steady one: C1 waits for it
+    noise[("syncbn", 0.003125)] = 6.0
+    d = lr_data(tmp_path / "wait", noise)
+    d.cells += queued(0.1)
+    rate, why = lr.ruling_rate(d)
+    assert rate is None and "lr 0.1" in why and lr.c1(d).verdict == "not run yet"
+
+
 def test_the_crossover_prediction_is_checked_against_the_split(tmp_path):
     d = lr_data(tmp_path, {("syncbn", 0.003125): 0.5, ("bn", 0.003125): 1.0,
                            ("syncbn", 0.1): 0.5, ("bn", 0.1): 1.0})
