@@ -224,7 +224,8 @@ def plot(d: RunsData, path: Path) -> None:
         if f:
             ax.scatter([i] * len(f), f, marker="_", s=300, color="black", zorder=2,
                        label="churn floor" if i == 0 else None)
-    ax.set_xticks(range(len(d.cells)), [c.cell.meta.get("fix", c.cell.label) for c in d.cells])
+    ax.set_xticks(range(len(d.cells)), [c.cell.meta.get("fix", c.cell.label)
+                                        + ("" if vals(c) else "\n(not run yet)") for c in d.cells])
     ax.set(title="plateau jitter (von Neumann sd) per seed", ylabel="points")
     ax.grid(alpha=0.3, axis="y")
     legend(ax, 8)

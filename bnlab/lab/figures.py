@@ -46,7 +46,7 @@ def save(fig, path: Path, title: str | None = None, dpi: int = 110,
 def nothing_yet(ax, what: str = "no finished runs yet") -> None:
     """Say so on an axes that has nothing to draw yet (rather than leave it blank)."""
     ax.text(0.5, 0.5, what, transform=ax.transAxes, ha="center", va="center", color="0.4",
-            fontsize=11)
+            fontsize=11, zorder=5, bbox={"facecolor": "white", "edgecolor": "none"})
 
 
 def band(ax, c: CellResult, label: str | None = None) -> None:
