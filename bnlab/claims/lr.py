@@ -251,11 +251,12 @@ def parts(c: CellResult | None, part: str) -> list[float]:
     return out
 
 
-def fit(d: RunsData) -> dict | None:
-    """Least squares of the statistics part's cell means on a_bn, a_syncbn and b lr^2."""
+def fit(d: RunsData, among: list[float]) -> dict | None:
+    """Least squares of the statistics part's cell means at the rates `among` on a_bn,
+    a_syncbn and b lr^2."""
     rows, ys = [], []
     for c in d.cells:
-        s = parts(c, "statistics")
+        s = parts(c, "statistics") if c.cell.meta["lr"] in among else []
         if len(s) >= MIN_SEEDS:
             lr = c.cell.meta["lr"]
             rows.append([c.cell.meta["norm"] == "bn", c.cell.meta["norm"] == "syncbn", lr ** 2])
@@ -266,15 +267,22 @@ def fit(d: RunsData) -> dict | None:
     return {"a_bn": a_bn, "a_syncbn": a_sb, "b": b, "n": len(rows)}
 
 
+def predicted_rates(d: RunsData) -> list[float]:
+    """The rates the prediction was written for: the spec's, less those added later."""
+    return sorted({c.cell.meta["lr"] for c in d.cells if not c.cell.meta.get("added_later")})
+
+
 def predictions(d: RunsData) -> list[str]:
-    """P1-P3 against the measurements, one line each (or why not yet)."""
-    rs = [lr for lr in rates(d) if all(len(parts(cell(d, n, lr), "statistics")) >= MIN_SEEDS
-                                        for n in NORMS)]
+    """P1-P3 against the measurements, one line each (or why not yet), judged at the rates the
+    prediction was written for; a rate added later gets its own line, judged by nothing."""
+    done = [lr for lr in rates(d) if all(len(parts(cell(d, n, lr), "statistics")) >= MIN_SEEDS
+                                          for n in NORMS)]
+    rs = [lr for lr in done if lr in predicted_rates(d)]
     if len(rs) < 2:
         return ["- The prediction is checked once two rates have both cells' seeds."]
     ratio = {lr: mean(parts(cell(d, "bn", lr), "statistics"))
-             / max(mean(parts(cell(d, "syncbn", lr), "statistics")), 1e-9) for lr in rs}
-    sb = {lr: mean(parts(cell(d, "syncbn", lr), "statistics")) for lr in rs}
+             / max(mean(parts(cell(d, "syncbn", lr), "statistics")), 1e-9) for lr in done}
+    sb = {lr: mean(parts(cell(d, "syncbn", lr), "statistics")) for lr in done}
     lo, hi = rs[0], rs[-1]
     out = [f"- P1, bn's statistics part >= 2x syncbn's at the lowest rate ({lo:g}; about 4x "
            f"predicted): {ratio[lo]:.2f}x: {'agrees' if ratio[lo] >= 2 else 'disagrees'}.",
@@ -284,13 +292,24 @@ def predictions(d: RunsData) -> list[str]:
            f"- P3, syncbn's statistics part grows with the rate: "
            f"{', '.join(f'{sb[lr]:.2f} at {lr:g}' for lr in rs)} points²: "
            f"{'agrees' if sb[hi] > sb[lo] else 'disagrees'}."]
-    f = fit(d)
-    if f is not None:
-        rel = f["a_bn"] / f["a_syncbn"] if f["a_syncbn"] > 0 else math.nan
-        out.append(f"- Fit S = a_norm + b lr² to the {f['n']} cell means: a_bn {f['a_bn']:.2f}, "
-                   f"a_syncbn {f['a_syncbn']:.2f} points² (a_bn / a_syncbn {rel:.1f}; 4 "
-                   f"predicted), b {f['b']:.0f} points² per lr².")
+    out += fit_line(d, rs, "Fit S = a_norm + b lr²")
+    late = [lr for lr in done if lr not in rs]
+    if late:
+        out.append("- Rates added after the prediction (not judged by it): "
+                   + ", ".join(f"{lr:g}: bn / syncbn statistics part {ratio[lr]:.2f}x, syncbn's "
+                               f"{sb[lr]:.2f} points²" for lr in late) + ".")
+        out += fit_line(d, done, "The same fit with them")
     return out
+
+
+def fit_line(d: RunsData, among: list[float], what: str) -> list[str]:
+    f = fit(d, among)
+    if f is None:
+        return []
+    rel = f["a_bn"] / f["a_syncbn"] if f["a_syncbn"] > 0 else math.nan
+    return [f"- {what} to the {f['n']} cell means: a_bn {f['a_bn']:.2f}, a_syncbn "
+            f"{f['a_syncbn']:.2f} points² (a_bn / a_syncbn {rel:.1f}; 4 predicted), "
+            f"b {f['b']:.0f} points² per lr²."]
 
 
 COLUMNS = ["lr", "cell", "seeds", "plateau acc (%)", "von Neumann sd (pts)", "churn floor (pts)",
@@ -353,11 +372,12 @@ def plot(d: RunsData, path: Path) -> None:
                     ys.append(mean(v))
             ax.plot(xs, ys, "-", color=f"C{i}", label=n)
         if key:
+            label = "syncbn's churn floor"
             for lr in rates(d):
                 f = vals(cell(d, "syncbn", lr), "churn_floor")
                 if f:
-                    ax.plot([lr], [mean(f)], "_", color="black", ms=14,
-                            label="syncbn's churn floor" if lr == rates(d)[0] else None)
+                    ax.plot([lr], [mean(f)], "_", color="black", ms=14, label=label)
+                    label = None  # one legend entry
         ax.set_xscale("log", base=2)
         ax.set_xticks(rates(d), [f"{x:g}" for x in rates(d)])
         ax.axvline(chosen(d), color="grey", ls="--", lw=1)

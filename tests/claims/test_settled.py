@@ -99,6 +99,22 @@ def test_the_crossover_prediction_is_checked_against_the_split(tmp_path):
                            ("syncbn", 0.1): 0.5, ("bn", 0.1): 1.0})
     lines = lr.predictions(d)
     assert lines[0].startswith("- P1") and any(line.startswith("- Fit") for line in lines)
+
+
+def test_a_rate_added_after_the_prediction_is_shown_beside_it_not_judged_by_it(tmp_path):
+    d = lr_data(tmp_path, {("syncbn", 0.003125): 0.5, ("bn", 0.003125): 1.0,
+                           ("syncbn", 0.1): 0.5, ("bn", 0.1): 1.0,
+                           ("syncbn", 0.0005): 0.5, ("bn", 0.0005): 1.0})
+    for c in d.cells:
+        if c.cell.meta["lr"] == 0.0005:
+            c.cell.meta["added_later"] = True
+    lines = lr.predictions(d)
+    assert "lowest rate (0.003125" in lines[0]
+    assert "0.0005" not in " ".join(lines[:3])
+    late = [line for line in lines if line.startswith("- Rates added after")]
+    assert len(late) == 1 and "0.0005" in late[0]
+    fits = [line for line in lines if "fit" in line.lower()]
+    assert "to the 4 cell means" in fits[0] and "to the 6 cell means" in fits[1]
     assert "Chosen rate" in lr.render(d)
 
 
