@@ -1,11 +1,11 @@
 """`make table-fixes` (claims C6, C8, C9 on the settled headline protocol): the fixes for bn at
-4 ranks x 2, side by side at the chosen rate.
+4 ranks x 2, side by side at one rate (the spec's: a quarter of the pilot's, see its comment).
 
     python -m bnlab.claims fixes --data DIR --jobs 2   # sweep (hours on 2 cores), table
     python -m bnlab.claims fixes --report              # table from the runs' logs only
 
 Trains experiments/fixes/sweep.yaml on the settled headline protocol
-(configs/experiment/headline.yaml) at the pilot's rate, 5 seeds a cell: bn and syncbn (the
+(configs/experiment/headline.yaml) at the spec's rate, 5 seeds a cell: bn and syncbn (the
 same runs as table-lr's cells at that rate), bn with PreciseBN after every epoch, gn at the
 group count the pilot chose (at least 2 channels a group), and frozen BN after the warm start
 the pilot chose. Writes experiments/fixes/{table.md, fixes.png}.
@@ -229,7 +229,7 @@ def plot(d: RunsData, path: Path) -> None:
     ax.set(title="plateau jitter (von Neumann sd) per seed", ylabel="points")
     ax.grid(alpha=0.3, axis="y")
     legend(ax, 8)
-    save(fig, path, "The fixes at the chosen rate: resnet20, 4 ranks x 2",
+    save(fig, path, d.spec.title,
          empty=not any(c.runs for c in d.cells))
 
 
