@@ -96,7 +96,7 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
                                              for _, _, d in running.values())
             shown = (round(done, 1), len(ended), len(running))
             if shown != last and (shown[1:] != last[1:] or time.monotonic() - drawn > DRAW_S):
-                bar.n = shown[0]  # redrawn when it moved, at most every DRAW_S (logs stay short)
+                advance(bar, shown[0])  # redrawn when it moved, at most every DRAW_S
                 bar.set_postfix_str(f"runs {len(ended)}/{len(todo)} ended, {len(running)} "
                                     "running", refresh=False)
                 bar.refresh()
@@ -130,6 +130,12 @@ def stop_at_limit(stop: Stop, limit: float | None, minutes: float | None, bar) -
         stop.signum = signal.SIGTERM
         bar.write(f"  --stop-after {minutes:g} min reached: each running run checkpoints and "
                   "stops; the same command resumes")
+
+
+def advance(bar: tqdm, done: float) -> None:
+    """Show `done` epochs, never fewer than the resumed runs had when they started: a resuming
+    run's log steps back to its checkpoint, which gave tqdm a negative rate and time left."""
+    bar.n = max(done, bar.initial)
 
 
 def epoch_reached(d: Path) -> float:

@@ -399,3 +399,18 @@ def test_packing_runs_on_gpus_needs_gpus_it_can_hand_out(tmp_path, monkeypatch, 
         sweep([spec], None, 2, root=tmp_path / "runs", allow_dirty=True, gpus=0,
               runs_per_gpu=2)
     assert not list((tmp_path / "runs").rglob("config.yaml"))  # nothing ran
+
+
+def test_the_bar_never_shows_fewer_epochs_than_its_resumed_runs_started_with():
+    """A resuming run's log steps back to its checkpoint: the bar holds, its time left stays
+    positive."""
+    from tqdm import tqdm
+
+    from bnlab.lab.local import advance
+
+    with tqdm(total=100, disable=True) as bar:
+        bar.initial = 30.7
+        advance(bar, 30.6)
+        assert bar.n == 30.7
+        advance(bar, 31.5)
+        assert bar.n == 31.5
