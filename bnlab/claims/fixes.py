@@ -77,34 +77,36 @@ def control(d: RunsData) -> tuple[bool | None, str]:
     sb = cell(d, "syncbn")
     if waiting(sb):
         return None, waiting(sb)
-    lr = sb.cell.meta["lr"]
-    view = RunsData(d.spec, [sb], d.tag, d.root, d.out)
-    return lrtable.steady(view, lr)
+    return lrtable.control_check(sb, sb.cell.meta["lr"])
 
 
 def jitter_rule(d: RunsData, claim: str, *fixes: str):
-    """(outcome or None, text) before a jitter rule: not run yet or an unsteady control."""
+    """(outcome or None, text, text in a few words) before a jitter rule: not run yet or an
+    unsteady control."""
     cells = [cell(d, f) for f in fixes]
     if why := waiting(*cells):
-        return "not run yet", why
+        return "not run yet", why, "runs still to come"
     ok, why = control(d)
     if not ok:
-        return "untestable", f"untestable at this setting: {why}"
+        sb = cell(d, "syncbn")
+        return ("untestable", f"untestable at this setting: {why}",
+                "no steady control: " + lrtable.control_glance(sb, sb.cell.meta["lr"]))
     short = [c for c in cells if len(vals(c)) < MIN_SEEDS]
     if short:
-        return "untestable", ", ".join(f"{c.cell.label}: {c.diverged} of {len(c.runs)} seeds "
-                                       "diverged" for c in short)
-    return None, why
+        why = ", ".join(f"{c.cell.label}: {c.diverged} of {len(c.runs)} seeds diverged"
+                        for c in short)
+        return "untestable", why, why
+    return None, why, ""
 
 
 def c6(d: RunsData) -> Verdict:
     rule = (f"Rule (only where the control is steady): bn's jitter separated above frozen BN's "
             f"(p <= {SEPARATED}) and frozen at most half of it: reproduced; separated: partly; "
             f"else not reproduced; frozen BN below {LEARNED:g}% on the plateau: untestable.")
-    v, why = jitter_rule(d, "C6", "bn", "frozen_bn")
+    v, why, glance = jitter_rule(d, "C6", "bn", "frozen_bn")
     bn, fr = cell(d, "bn"), cell(d, "frozen_bn")
     if v is not None:
-        return Verdict("C6", "make table-fixes", "frozen BN much steadier", why, v, rule)
+        return Verdict("C6", "make table-fixes", "frozen BN much steadier", why, v, rule, glance)
     a, b = vals(bn), vals(fr)
     p = p_above(a, b)
     ours = (f"von Neumann sd bn {bn.jstat('vn_sd').fmt(2)}, {fr.cell.label} "
@@ -116,7 +118,10 @@ def c6(d: RunsData) -> Verdict:
         v = "not reproduced"
     else:
         v = "reproduced" if mean(b) <= mean(a) / 2 else "partly"
-    return Verdict("C6", "make table-fixes", "frozen BN much steadier", ours, v, rule)
+    glance = (f"jitter frozen BN {mean(b):.2f} vs bn {mean(a):.2f} pts (p = {fmt(p, 3)}); "
+              f"plateau acc {mean(vals(fr, 'plateau_acc')):.1f}% vs "
+              f"{mean(vals(bn, 'plateau_acc')):.1f}%")
+    return Verdict("C6", "make table-fixes", "frozen BN much steadier", ours, v, rule, glance)
 
 
 def recalibration_gain(run: Run, total_epochs: float) -> float | None:
@@ -143,12 +148,12 @@ def c8(d: RunsData) -> Verdict:
     pb = cell(d, "precise")
     if why := waiting(pb):
         return Verdict("C8", "make table-fixes", "PreciseBN improves val acc", why,
-                       "not run yet", rule)
+                       "not run yet", rule, "runs still to come")
     g = [x for x in (recalibration_gain(r, pb.epochs) for r in pb.runs) if x is not None]
     if len(g) < MIN_SEEDS:
-        return Verdict("C8", "make table-fixes", "PreciseBN improves val acc",
-                       f"{len(g)} seeds with a gain ({pb.diverged} diverged)", "untestable",
-                       rule)
+        why = f"{len(g)} seeds with a gain ({pb.diverged} diverged)"
+        return Verdict("C8", "make table-fixes", "PreciseBN improves val acc", why,
+                       "untestable", rule, why)
     s, up = Stat.of(g), sum(x > 0 for x in g)
     side = "; ".join(f"decomposition of {c.cell.label} (PreciseBN statistics of 2,048 images "
                      f"on the same weights at each plateau epoch end): "
@@ -159,7 +164,8 @@ def c8(d: RunsData) -> Verdict:
             f"({', '.join(f'{x:+.2f}' for x in g)})" + (f"; {side}" if side else ""))
     v = "reproduced" if s.mean >= 1 and up == len(g) else \
         "partly" if s.mean > 0 and up > len(g) / 2 else "not reproduced"
-    return Verdict("C8", "make table-fixes", "PreciseBN improves val acc", ours, v, rule)
+    glance = f"{s.mean:+.2f} pts after each recalibration, up in {up} of {len(g)} seeds"
+    return Verdict("C8", "make table-fixes", "PreciseBN improves val acc", ours, v, rule, glance)
 
 
 def c9(d: RunsData) -> Verdict:
@@ -168,9 +174,10 @@ def c9(d: RunsData) -> Verdict:
             f"most {STEADIEST}x the lowest other cell's; close = plateau val acc within 5 points "
             f"of syncbn's, either way; both: reproduced, one: partly; gn below {LEARNED:g}% on "
             "the plateau: untestable.")
-    v, why = jitter_rule(d, "C9", *FIXES)
+    v, why, glance = jitter_rule(d, "C9", *FIXES)
     if v is not None:
-        return Verdict("C9", "make table-fixes", "GN steadiest, close to SyncBN", why, v, rule)
+        return Verdict("C9", "make table-fixes", "GN steadiest, close to SyncBN", why, v, rule,
+                       glance)
     gn = cell(d, "gn")
     others = {f: cell(d, f) for f in FIXES if f != "gn"}
     above = {f: p_above(vals(gn), vals(c)) for f, c in others.items()}
@@ -188,7 +195,10 @@ def c9(d: RunsData) -> Verdict:
     else:
         v = "reproduced" if steadiest and close else "partly" if steadiest or close else \
             "not reproduced"
-    return Verdict("C9", "make table-fixes", "GN steadiest, close to SyncBN", ours, v, rule)
+    glance = (f"jitter gn {mean(vals(gn)):.2f} vs the lowest other {lowest:.2f} pts; plateau acc "
+              f"{-gap:+.1f} pts against syncbn")
+    return Verdict("C9", "make table-fixes", "GN steadiest, close to SyncBN", ours, v, rule,
+                   glance)
 
 
 def verdicts(d: RunsData) -> list[Verdict]:

@@ -100,7 +100,11 @@ def ready(*cells: CellResult | None) -> bool:
 
 def steady(d: RunsData, lr: float) -> tuple[bool | None, str]:
     """Whether the control (syncbn) is steady at `lr`, and why; None until it has run."""
-    sb = cell(d, "syncbn", lr)
+    return control_check(cell(d, "syncbn", lr), lr)
+
+
+def control_check(sb: CellResult | None, lr: float) -> tuple[bool | None, str]:
+    """The control check on a syncbn cell run at `lr` (this table's or another's)."""
     if not ready(sb):
         return None, f"syncbn at lr {lr:g}: fewer than {MIN_SEEDS} seeds finished"
     if len(vals(sb)) < MIN_SEEDS:
@@ -169,38 +173,59 @@ RULE_C1 = (f"Control check: syncbn must learn and its plateau jitter be at most 
            "with a 95% bootstrap interval over seeds.")
 
 
-def c1_parts(d: RunsData) -> tuple[str, str, str]:
-    """(verdict, ours, why) of C1 on this protocol."""
+def control_glance(sb: CellResult | None, lr: float) -> str:
+    """How far a syncbn cell run at `lr` is from steady, in a few words."""
+    vn, floor = mean(vals(sb)), mean(vals(sb, "churn_floor"))
+    if vn is None or not floor:
+        return f"syncbn does not learn at lr {lr:g}"
+    return f"syncbn itself jitters {vn / floor:.1f}x its floor at lr {lr:g}"
+
+
+def c1_parts(d: RunsData) -> tuple[str, str, str, str]:
+    """(verdict, ours, why, ours in a few words) of C1 on this protocol."""
     lr, why = ruling_rate(d)
     if lr is None:
         bn, sb = cell(d, "bn", chosen(d)), cell(d, "syncbn", chosen(d))
-        v = "not run yet" if not ready(bn, sb) or PENDING in why else "untestable"
-        return v, why, RULE_C1
+        if not ready(bn, sb):
+            return "not run yet", why, RULE_C1, "runs still to come"
+        if PENDING in why:
+            return ("not run yet", why, RULE_C1, control_glance(sb, chosen(d))
+                    + "; the next rate's runs are still to come")
+        unsteady = [r for r in rates(d) if steady(d, r)[0] is False]
+        return ("untestable", why, RULE_C1, "no steady control: "
+                + ", ".join(control_glance(cell(d, "syncbn", r), r)
+                            .replace("syncbn itself jitters ", "")
+                            for r in unsteady))
     if not ready(cell(d, "bn", lr)):
-        return "not run yet", f"bn at lr {lr:g}: fewer than {MIN_SEEDS} seeds finished", RULE_C1
+        return ("not run yet", f"bn at lr {lr:g}: fewer than {MIN_SEEDS} seeds finished",
+                RULE_C1, "runs still to come")
     v = outcome(d, lr)
     c = contrast(d, lr)
     note = " (indistinguishable)" if v == "not reproduced" else \
         " (bn does not learn: no room to jitter)" if v == "untestable" else ""
-    return v, f"{c['text']}{note}; {why}", RULE_C1
+    glance = (f"at lr {lr:g} (control steady): bn {mean(vals(cell(d, 'bn', lr))):.2f} vs syncbn "
+              f"{mean(vals(cell(d, 'syncbn', lr))):.2f} pts, {c['ratio']:.2f}x (95% interval "
+              f"{fmt(c['lo'], 2)} to {fmt(c['hi'], 2)})" + note)
+    return v, f"{c['text']}{note}; {why}", RULE_C1, glance
 
 
 def c1(d: RunsData) -> Verdict:
-    v, ours, why = c1_parts(d)
-    return Verdict("C1", "make table-lr", CLAIMED, ours, v, why)
+    v, ours, why, glance = c1_parts(d)
+    return Verdict("C1", "make table-lr", CLAIMED, ours, v, why, glance)
 
 
 def c3(d: RunsData) -> Verdict:
-    v, ours, _ = c1_parts(d)
+    v, ours, _, glance = c1_parts(d)
     return Verdict("C3", "make table-lr", "1x8 far more stable than 4x2",
                    "the same cells as C1: " + ours, v,
                    "1 rank x 8 with bn computes exactly what syncbn at 4 ranks x 2 computes (the "
                    "same 8 images normalized together, the same steps; tests/test_simulate.py), "
-                   "so C3 is C1's contrast and gets C1's verdict by C1's rule.")
+                   "so C3 is C1's contrast and gets C1's verdict by C1's rule.",
+                   "C1's cells (1x8 bn computes what syncbn 4x2 does): " + glance)
 
 
 def c4(d: RunsData) -> Verdict:
-    base, _, _ = c1_parts(d)
+    base, _, _, _ = c1_parts(d)
     lr0, _ = ruling_rate(d)
     rule = (f"Rule: C1's effect must exist at its rate (reproduced or partly), else untestable; "
             f"at every other rate whose control is steady the effect survives if bn's jitter is "
@@ -230,8 +255,15 @@ def c4(d: RunsData) -> Verdict:
         v = "untestable"
     else:
         v = "reproduced" if all(got) else "partly" if any(got) else "not reproduced"
+    if v == "not run yet":
+        glance = "runs still to come"
+    elif v == "untestable":
+        glance = "no other rate with a steady control" if base in ("reproduced", "partly") \
+            else f"C1 is {base}: no effect to survive"
+    else:
+        glance = f"the effect survives at {sum(got)} of {len(got)} other steady rates"
     return Verdict("C4", "make table-lr", "aug off / other optimizer / lr do not remove it",
-                   "; ".join(parts) or "no other rate", v, rule)
+                   "; ".join(parts) or "no other rate", v, rule, glance)
 
 
 def verdicts(d: RunsData) -> list[Verdict]:

@@ -88,15 +88,16 @@ def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]]) ->
 
 
 def write_headline(path: Path, figures: list[str], verdicts: list[Verdict], status: str) -> None:
-    """The headline tables' figures and verdicts (claim, ours, verdict) in `path` (the
-    project's README.md) between `<!-- headline:begin/end -->`."""
+    """The headline tables' figures and verdicts (claim, ours in a few words, verdict) in
+    `path` (the project's README.md) between `<!-- headline:begin/end -->`; the statistics
+    stay in experiments/README.md."""
     begin, end = "<!-- headline:begin -->", "<!-- headline:end -->"
     text = path.read_text() if path.is_file() else ""
     if begin not in text or end not in text:
         raise BnlabError(f"{path} lacks the lines {begin} and {end} that the headline goes "
                          "between; put them back where the headline belongs.")
     rows = ["| claim | claimed | ours | verdict |", "|---|---|---|---|"]
-    rows += [f"| {v.claim} | {v.claimed} | {v.ours} | **{v.verdict}"
+    rows += [f"| {v.claim} | {v.claimed} | {v.short} | **{v.verdict}"
              f"{' (preliminary)' if status and v.verdict != 'not run yet' else ''}** |"
              for v in verdicts]
     replace_block(path, begin, end, "\n".join([

@@ -36,6 +36,11 @@ class Verdict:
     ours: str
     verdict: str       # reproduced | partly | not reproduced | not run yet
     why: str
+    glance: str = ""   # `ours` in a few words, for the project README's first screen
+
+    @property
+    def short(self) -> str:
+        return self.glance or self.ours
 
 
 def claim_order(v: Verdict) -> tuple[str, int]:

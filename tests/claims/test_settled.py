@@ -56,6 +56,7 @@ def test_c1_is_ruled_where_the_control_is_steady_and_c3_follows_it(tmp_path):
                            ("bn", 0.1): 6.0})
     v = lr.c1(d)
     assert v.verdict == "reproduced" and "lr 0.0125" in v.ours and "95% interval" in v.ours
+    assert v.glance.startswith("at lr 0.0125 (control steady): bn ") and len(v.glance) < 100
     assert lr.c3(d).verdict == "reproduced"
     # C4: the other rate's control is not steady, so no rate is left to survive at
     assert lr.c4(d).verdict == "untestable"
@@ -71,6 +72,7 @@ def test_an_unsteady_chosen_rate_moves_c1_to_the_nearest_steady_rate(tmp_path):
     d = lr_data(tmp_path / "none", noise)
     v = lr.c1(d)
     assert v.verdict == "untestable" and "no rate has a steady control" in v.ours
+    assert v.glance.startswith("no steady control: ") and "at lr 0.1" in v.glance
 
 
 def queued(rate: float, seeds: int = 5) -> list[CellResult]:
@@ -92,6 +94,7 @@ def test_c1_is_ruled_at_the_nearest_steady_rate_while_a_farther_rate_has_not_run
     d.cells += queued(0.1)
     rate, why = lr.ruling_rate(d)
     assert rate is None and "lr 0.1" in why and lr.c1(d).verdict == "not run yet"
+    assert lr.c1(d).glance.endswith("the next rate's runs are still to come")
 
 
 def test_the_crossover_prediction_is_checked_against_the_split(tmp_path):
@@ -125,6 +128,42 @@ def test_c8_pairs_each_recalibration_with_the_running_statistics_just_before_it(
     assert fixes.recalibration_gain(runs[0], 20) == pytest.approx(1.5)
     v = fixes.c8(d)
     assert v.verdict == "reproduced" and "up in 3 of 3 seeds" in v.ours
+
+
+def fixes_data(tmp_path, noise: dict[str, float], lr_: float = 0.0015625) -> RunsData:
+    """The five fix cells, as the fixes spec names them (`fix` and `lr`, no `norm`), 3 seeds;
+    `noise[fix]` is the accuracy's noise sd (0.5 by default)."""
+    out = []
+    for i, fix in enumerate(fixes.FIXES):
+        runs = [fake_headline_run(tmp_path / fix / f"s{s}",
+                                  curve(60, noise.get(fix, 0.5), 10 * s + i), seed=s, churn=True)
+                for s in range(3)]
+        out.append((fix, {"fix": fix, "lr": lr_}, runs))
+    return runs_data(tmp_path, out)
+
+
+def test_c6_and_c9_are_ruled_on_the_fixes_spec_s_cells_where_their_control_is_steady(tmp_path):
+    d = fixes_data(tmp_path, {"bn": 4.0, "precise": 4.0})
+    assert fixes.control(d)[0] is True  # read from the fixes' own syncbn cell
+    c6, c9 = fixes.c6(d), fixes.c9(d)
+    assert c6.verdict == "reproduced" and c6.glance.startswith("jitter frozen BN")
+    assert c9.verdict in ("reproduced", "partly") and "against syncbn" in c9.glance
+    d = fixes_data(tmp_path / "unsteady", {"syncbn": 6.0})
+    for v in (fixes.c6(d), fixes.c9(d)):
+        assert v.verdict == "untestable" and v.glance.startswith("no steady control: syncbn")
+
+
+def test_the_readme_s_first_screen_shows_each_verdict_in_a_few_words(tmp_path):
+    from bnlab.lab.readme import write_headline
+
+    d = fixes_data(tmp_path, {"bn": 4.0, "precise": 4.0})
+    vs = fixes.verdicts(d)
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- headline:begin -->\n<!-- headline:end -->\n")
+    write_headline(readme, [], vs, "")
+    text = readme.read_text()
+    assert all(v.glance and v.glance in text for v in vs)
+    assert not any(v.ours in text for v in vs if v.ours != v.glance)  # the statistics: one deeper
 
 
 def values_data(tmp_path, gaps: dict[tuple[str, int], float]) -> RunsData:
