@@ -246,5 +246,15 @@ def verdicts(d: RunsData) -> list[Verdict]:
     return []  # no claim of CLAIMS.md is this curve; its findings are stated in table.md
 
 
+def finding(d: RunsData) -> str:
+    """The table's answer in a line, for the README's first screen."""
+    answer, words = governs(d)
+    doc, _ = thresholds(d)
+    if answer == "not run yet":
+        return "Where BN breaks (values per channel): runs still to come"
+    return (f"Where BN breaks: {answer}" + (f" ({words})" if words else "")
+            + f"; the doctor's thresholds: {doc.split(' (')[0]}")
+
+
 TABLE = table.Table("values", (), table.runs_data, render, verdicts, plot, block="settled",
-                    headline="values.png")
+                    headline="values.png", finding=finding)

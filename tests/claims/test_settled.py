@@ -160,9 +160,10 @@ def test_the_readme_s_first_screen_shows_each_verdict_in_a_few_words(tmp_path):
     vs = fixes.verdicts(d)
     readme = tmp_path / "README.md"
     readme.write_text("<!-- headline:begin -->\n<!-- headline:end -->\n")
-    write_headline(readme, [], vs, "")
+    write_headline(readme, [], vs, "", ["**Where BN breaks: values govern** (`make x`)"])
     text = readme.read_text()
     assert all(v.glance and v.glance in text for v in vs)
+    assert "\n- **Where BN breaks: values govern** (`make x`)\n" in text  # under the table
     assert not any(v.ours in text for v in vs if v.ours != v.glance)  # the statistics: one deeper
 
 
@@ -192,6 +193,9 @@ def test_values_govern_when_two_images_hold_at_eight_values(tmp_path):
     assert "no samples threshold" in instead
     text = values.render(d)
     assert "values govern" in text and "breaks" in text
+    line = values.finding(d)  # the README's first screen
+    assert line.startswith("Where BN breaks: values govern (2 values breaks") and \
+        line.endswith("the doctor's thresholds: not supported")
 
 
 def test_samples_govern_when_every_two_image_cell_breaks(tmp_path):
