@@ -87,6 +87,8 @@ def jitter_rule(d: RunsData, claim: str, *fixes: str):
     if why := waiting(*cells):
         return "not run yet", why, "runs still to come"
     ok, why = control(d)
+    if ok is None:  # the control's own seeds (a cell the rule does not name) still running
+        return "not run yet", why, "runs still to come"
     if not ok:
         sb = cell(d, "syncbn")
         return ("untestable", f"untestable at this setting: {why}",

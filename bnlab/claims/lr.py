@@ -26,7 +26,9 @@ The rules, written before these runs (experiments/README.md names the commit):
   below NO_LEARNING + 5 on the plateau: untestable (no room to jitter); bn's jitter separated
   above syncbn's (exact one-sided permutation test over seeds, p <= SEPARATED) and >= 2x it,
   with bn >= FLOOR_RATIO x its churn floor: reproduced; separated but under 2x or under that
-  floor: partly; not separated: not reproduced (indistinguishable). The effect size is the
+  floor: partly; not separated: not reproduced (indistinguishable); fewer than MIN_SEEDS of
+  bn's seeds left after divergence: untestable (added once some of its runs had finished,
+  none diverged: table-fixes' wording; the code had crashed there). The effect size is the
   ratio of mean jitters with a 95% bootstrap interval over seeds (bnlab.lab.analysis).
 - **C3** (1 rank x 8 far steadier than 4 x 2) is the same computation as C1: 1 x 8 bn is
   syncbn at 4 x 2 exactly (tests/test_simulate.py), so its verdict is C1's, said so.
@@ -155,6 +157,8 @@ def ruling_rate(d: RunsData) -> tuple[float | None, str]:
 
 def outcome(d: RunsData, lr: float) -> str:
     """C1's outcome at a rate whose control is steady."""
+    if len(vals(cell(d, "bn", lr))) < MIN_SEEDS:  # too many of bn's seeds diverged
+        return "untestable"
     c = contrast(d, lr)
     if c["bn_acc"] is None or c["bn_acc"] < LEARNED:
         return "untestable"
@@ -200,6 +204,10 @@ def c1_parts(d: RunsData) -> tuple[str, str, str, str]:
         return ("not run yet", f"bn at lr {lr:g}: fewer than {MIN_SEEDS} seeds finished",
                 RULE_C1, "runs still to come")
     v = outcome(d, lr)
+    bn = cell(d, "bn", lr)
+    if len(vals(bn)) < MIN_SEEDS:
+        why_bn = f"bn at lr {lr:g}: {bn.diverged} of {len(bn.runs)} seeds diverged"
+        return v, f"{why_bn}; {why}", RULE_C1, why_bn
     c = contrast(d, lr)
     note = " (indistinguishable)" if v == "not reproduced" else \
         " (bn does not learn: no room to jitter)" if v == "untestable" else ""
@@ -237,7 +245,13 @@ def c4(d: RunsData) -> Verdict:
     parts, got = [], []
     for lr in others:
         ok, why = steady(d, lr)
-        if ok and ready(cell(d, "bn", lr)):
+        bn = cell(d, "bn", lr)
+        if ok and not ready(bn):
+            parts.append(f"bn at lr {lr:g}: fewer than {MIN_SEEDS} seeds finished")
+        elif ok and len(vals(bn)) < MIN_SEEDS:
+            parts.append(f"bn at lr {lr:g}: {bn.diverged} of {len(bn.runs)} seeds diverged "
+                         "(not counted)")
+        elif ok:
             c = contrast(d, lr)
             alive = c["p"] is not None and c["p"] <= SEPARATED and c["ratio"] >= SURVIVES
             got.append(alive)
@@ -315,15 +329,19 @@ def predictions(d: RunsData) -> list[str]:
     ratio = {lr: mean(parts(cell(d, "bn", lr), "statistics"))
              / max(mean(parts(cell(d, "syncbn", lr), "statistics")), 1e-9) for lr in done}
     sb = {lr: mean(parts(cell(d, "syncbn", lr), "statistics")) for lr in done}
-    lo, hi = rs[0], rs[-1]
-    out = [f"- P1, bn's statistics part >= 2x syncbn's at the lowest rate ({lo:g}; about 4x "
-           f"predicted): {ratio[lo]:.2f}x: {'agrees' if ratio[lo] >= 2 else 'disagrees'}.",
+    lo, hi, lowest = rs[0], rs[-1], predicted_rates(d)[0]
+    left = [lr for lr in predicted_rates(d) if lr not in rs]
+    so_far = f" (so far: lr {', '.join(f'{lr:g}' for lr in left)} still to come)" if left else ""
+    p1 = (f"{ratio[lowest]:.2f}x: {'agrees' if ratio[lowest] >= 2 else 'disagrees'}."
+          if lowest in rs else "its seeds are still to come.")
+    out = [f"- P1, bn's statistics part >= 2x syncbn's at the lowest rate ({lowest:g}; about 4x "
+           f"predicted): {p1}",
            f"- P2, that ratio falls as the rate rises: "
            f"{', '.join(f'{ratio[lr]:.2f}x at {lr:g}' for lr in rs)}: "
-           f"{'agrees' if ratio[hi] < ratio[lo] else 'disagrees'}.",
+           f"{'agrees' if ratio[hi] < ratio[lo] else 'disagrees'}{so_far}.",
            f"- P3, syncbn's statistics part grows with the rate: "
            f"{', '.join(f'{sb[lr]:.2f} at {lr:g}' for lr in rs)} points²: "
-           f"{'agrees' if sb[hi] > sb[lo] else 'disagrees'}."]
+           f"{'agrees' if sb[hi] > sb[lo] else 'disagrees'}{so_far}."]
     out += fit_line(d, rs, "Fit S = a_norm + b lr²")
     late = [lr for lr in done if lr not in rs]
     if late:

@@ -131,7 +131,7 @@ def governs(d: RunsData) -> tuple[str, str]:
     if len(two) < expected:
         return "not run yet", words
     states = [s for _, s in two]
-    if all(m["state"] != "breaks" for _, m in measured(d)):
+    if all(s == "holds" for s in states):  # an unclear one among them: undecided, below
         return "BN does not break in this range", words
     by = dict(two)
     if by.get(2) == "breaks" and by.get(8) == "holds":
@@ -160,9 +160,9 @@ def thresholds(d: RunsData) -> tuple[str, str]:
     held = [m["values"] for m in ms if m["state"] == "holds" and m["values"] > top]
     rng = (f"a values threshold above {top} and at most {min(held)}" if held else
            f"a values threshold above {top}")
-    two_ok = any(m["images"] < MIN_IMAGES for m in ms if m["state"] == "holds")
-    instead = rng + ("; no samples threshold (cells with fewer than "
-                     f"{MIN_IMAGES} images per rank hold)" if two_ok else "")
+    two_ok = any(m["images"] == 2 for m in ms if m["state"] == "holds")  # as the rule says
+    instead = rng + ("; no samples threshold (a cell with 2 images per rank holds)"
+                     if two_ok else "")
     if not missed and not over:
         return "supported", instead
     why = []

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from bnlab.claims import pilot
+from bnlab.claims import lr, pilot
 from bnlab.lab.plan import Cell, Spec
 from bnlab.lab.results import CellResult, Run
 from bnlab.lab.table import RunsData
@@ -76,8 +76,8 @@ def test_nothing_is_chosen_while_a_candidate_lacks_seeds(tmp_path):
 
 def test_the_settled_sweeps_use_what_the_pilot_chose_from_the_committed_runs():
     """experiments/lr, values and the pilot's own second stage run at the rate the pilot's rule
-    picks from its committed runs, fixes at a quarter of it; fixes' gn and frozen BN use its
-    other picks."""
+    picks from its committed runs, fixes where their spec's rule puts them; fixes' gn and
+    frozen BN use its other picks."""
     from bnlab.lab.results import collect
     from bnlab.lab.spec import load_spec
     from bnlab.paths import EXPERIMENTS
@@ -95,9 +95,17 @@ def test_the_settled_sweeps_use_what_the_pilot_chose_from_the_committed_runs():
     assert yaml.safe_load((EXPERIMENTS / "lr" / "sweep.yaml").read_text())["chosen_lr"] == rate
     assert rate in rates("lr")
     assert set(rates("values")) == set(rates("pilot")) == {rate}
-    # the fixes moved to a quarter of it before any of their own runs (their spec says why),
-    # where table-lr has its cells too
-    assert set(rates("fixes")) == {rate / 4} and rate / 4 in rates("lr")
+    # the fixes run at one of table-lr's rates; once their own cells have runs, at the one
+    # their spec's rule names: C1's ruling rate, or the chosen rate where none is steady
+    (fix_rate,) = set(rates("fixes"))
+    assert fix_rate in rates("lr")
+    fspec = load_spec(EXPERIMENTS / "fixes" / "sweep.yaml")
+    own = [c for c in collect(fspec, "cifar10-5085") if c.cell.meta["fix"] not in ("bn", "syncbn")]
+    if any(c.runs for c in own):
+        lspec = load_spec(EXPERIMENTS / "lr" / "sweep.yaml")
+        ruled, why = lr.ruling_rate(RunsData(lspec, collect(lspec, "cifar10-5085"), "", None, None))
+        assert ruled is not None or "no rate has a steady control" in why, why
+        assert fix_rate == (ruled or rate)
     fixes = yaml.safe_load((EXPERIMENTS / "fixes" / "sweep.yaml").read_text())["cells"]
     for choice, fix, key in (("groups", "gn", "norm.groups"),
                              ("freeze", "frozen_bn", "norm.freeze_after")):

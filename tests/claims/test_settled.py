@@ -97,6 +97,36 @@ def test_c1_is_ruled_at_the_nearest_steady_rate_while_a_farther_rate_has_not_run
     assert lr.c1(d).glance.endswith("the next rate's runs are still to come")
 
 
+def test_c4_waits_for_bn_at_a_steady_rate_and_c1_survives_bn_diverging(tmp_path):
+    """Found in review: C4 was ruled while bn at a steady rate still ran; C1 crashed where
+    every bn seed diverged."""
+    from bnlab.rundir import set_status
+
+    noise = {("syncbn", 0.0125): 0.5, ("bn", 0.0125): 4.0, ("syncbn", 0.1): 0.5,
+             ("bn", 0.1): 4.0}
+    d = lr_data(tmp_path, noise)
+    bn01 = lr.cell(d, "bn", 0.1)
+    bn01.runs = bn01.runs[:2]  # syncbn at 0.1 has its seeds, bn not yet
+    assert lr.c1(d).verdict == "reproduced" and lr.c4(d).verdict == "not run yet"
+    d = lr_data(tmp_path / "div", noise)
+    bn = lr.cell(d, "bn", 0.0125)
+    for r in bn.runs:
+        set_status(r.path, "diverged")
+    bn.runs = [type(r).read(r.path, r.seed) for r in bn.runs]
+    v = lr.c1(d)
+    assert v.verdict == "untestable" and "5 of 5 seeds diverged" in v.glance
+
+
+def test_p1_is_judged_at_the_lowest_rate_it_was_written_for_or_waits(tmp_path):
+    d = lr_data(tmp_path, {("syncbn", 0.003125): 0.5, ("bn", 0.003125): 1.0,
+                           ("syncbn", 0.0125): 0.5, ("bn", 0.0125): 1.0,
+                           ("syncbn", 0.1): 0.5, ("bn", 0.1): 1.0})
+    lr.cell(d, "syncbn", 0.003125).runs = []  # the lowest rate's control still to come
+    lines = lr.predictions(d)
+    assert "lowest rate (0.003125" in lines[0] and "still to come" in lines[0]
+    assert "so far: lr 0.003125 still to come" in lines[1]
+
+
 def test_the_crossover_prediction_is_checked_against_the_split(tmp_path):
     d = lr_data(tmp_path, {("syncbn", 0.003125): 0.5, ("bn", 0.003125): 1.0,
                            ("syncbn", 0.1): 0.5, ("bn", 0.1): 1.0})
@@ -200,4 +230,19 @@ def test_values_govern_when_two_images_hold_at_eight_values(tmp_path):
 
 def test_samples_govern_when_every_two_image_cell_breaks(tmp_path):
     gaps = {("resnet18 32 px", 2): 20.0, ("resnet18 64 px", 2): 10.0, ("resnet20", 2): 5.0}
-    assert values.governs(values_data(tmp_path, gaps))[0] == "samples govern"
+    d = values_data(tmp_path, gaps)
+    assert values.governs(d)[0] == "samples govern"
+    # 4-image cells hold, yet every 2-image one breaks: a samples threshold is still needed
+    assert "no samples threshold" not in values.thresholds(d)[1]
+
+
+def test_an_unclear_two_image_cell_leaves_the_answer_undecided(tmp_path):
+    """Found in review: an unclear cell among the 2-image ones read as 'does not break'."""
+    d = values_data(tmp_path, {})
+    two = next(c for c in d.cells if c.cell.label == "resnet18 32 px 4x2")
+    two.runs = [fake_headline_run(tmp_path / "wide" / f"s{s}", curve(60 - gap, 0.5, s),
+                                  epochs=10, seed=s, churn=True,
+                                  info={"bn_values_per_channel": {"a": 2}})
+                for s, gap in enumerate((8.0, -4.0, 2.5))]  # mean gap 2.2, wide interval
+    assert values.measure(d, two)["state"] == "unclear"
+    assert values.governs(d)[0] == "undecided"
