@@ -77,7 +77,7 @@ table-pilot: install ## the headline protocol's choices (lr, gn groups, freeze p
 table-lr: install ## C1 C3 C4 on the settled protocol: the learning-rate crossover, statistics vs weights (hours) -> experiments/lr/
 	$(CLAIMS) lr
 
-table-fixes: install ## C6 C8 C9 on the settled protocol: PreciseBN, gn, frozen BN at a quarter of the chosen rate (hours) -> experiments/fixes/
+table-fixes: install ## C6 C8 C9 on the settled protocol: PreciseBN, gn, frozen BN at the rate C1 is ruled at (hours) -> experiments/fixes/
 	$(CLAIMS) fixes
 
 table-values: install ## where BN breaks: accuracy and jitter against values per channel (hours) -> experiments/values/

@@ -1,5 +1,5 @@
 """`make table-fixes` (claims C6, C8, C9 on the settled headline protocol): the fixes for bn at
-4 ranks x 2, side by side at one rate (the spec's: a quarter of the pilot's, see its comment).
+4 ranks x 2, side by side at one rate (the one C1 is ruled at; the spec's comment says how).
 
     python -m bnlab.claims fixes --data DIR --jobs 2   # sweep (hours on 2 cores), table
     python -m bnlab.claims fixes --report              # table from the runs' logs only
@@ -48,6 +48,7 @@ MIN_SEEDS = 3
 STEADIEST = 1.1
 LEARNED = NO_LEARNING + 5
 FIXES = ("bn", "syncbn", "precise", "gn", "frozen_bn")
+RUNS_TO_COME = lrtable.RUNS_TO_COME
 
 
 def cell(d: RunsData, fix: str) -> CellResult | None:
@@ -63,49 +64,49 @@ def mean(xs: list[float]) -> float | None:
 
 
 def waiting(*cells: CellResult | None) -> str | None:
-    """Why a rule cannot apply yet (a cell not in the spec, or short of seeds), else None."""
+    """Why a rule cannot apply yet (a cell not in the spec, held, or short of seeds), else None."""
     for c in cells:
         if c is None:
             return "its cells are not in the spec yet"
+        if not c.cell.seeds:
+            return f"{c.cell.label}: held until C1's rate is settled (the spec's rule)"
         if len(c.runs) < min(MIN_SEEDS, c.expected):
             return f"{c.cell.label}: fewer than {MIN_SEEDS} seeds finished"
     return None
 
 
-def control(d: RunsData) -> tuple[bool | None, str]:
+def control(d: RunsData) -> lrtable.Control:
     """table-lr's control check, on this table's syncbn cell (the same runs)."""
     sb = cell(d, "syncbn")
-    if waiting(sb):
-        return None, waiting(sb)
+    if why := waiting(sb):
+        return lrtable.Control(None, why, RUNS_TO_COME)
     return lrtable.control_check(sb, sb.cell.meta["lr"])
 
 
-def jitter_rule(d: RunsData, claim: str, *fixes: str):
-    """(outcome or None, text, text in a few words) before a jitter rule: not run yet or an
-    unsteady control."""
+def jitter_rule(d: RunsData, *fixes: str) -> tuple[str | None, str, str]:
+    """(outcome, or None where the rule applies; why; that in a few words)."""
     cells = [cell(d, f) for f in fixes]
     if why := waiting(*cells):
-        return "not run yet", why, "runs still to come"
-    ok, why = control(d)
-    if ok is None:  # the control's own seeds (a cell the rule does not name) still running
-        return "not run yet", why, "runs still to come"
-    if not ok:
-        sb = cell(d, "syncbn")
-        return ("untestable", f"untestable at this setting: {why}",
-                "no steady control: " + lrtable.control_glance(sb, sb.cell.meta["lr"]))
+        return "not run yet", why, RUNS_TO_COME
+    ctl = control(d)
+    if ctl.ok is None:  # the control's own seeds (a cell the rule does not name) still running
+        return "not run yet", ctl.why, RUNS_TO_COME
+    if not ctl.ok:
+        return "untestable", f"untestable at this setting: {ctl.why}", \
+            f"no steady control: syncbn {ctl.short}"
     short = [c for c in cells if len(vals(c)) < MIN_SEEDS]
     if short:
         why = ", ".join(f"{c.cell.label}: {c.diverged} of {len(c.runs)} seeds diverged"
                         for c in short)
         return "untestable", why, why
-    return None, why, ""
+    return None, ctl.why, ""
 
 
 def c6(d: RunsData) -> Verdict:
     rule = (f"Rule (only where the control is steady): bn's jitter separated above frozen BN's "
             f"(p <= {SEPARATED}) and frozen at most half of it: reproduced; separated: partly; "
             f"else not reproduced; frozen BN below {LEARNED:g}% on the plateau: untestable.")
-    v, why, glance = jitter_rule(d, "C6", "bn", "frozen_bn")
+    v, why, glance = jitter_rule(d, "bn", "frozen_bn")
     bn, fr = cell(d, "bn"), cell(d, "frozen_bn")
     if v is not None:
         return Verdict("C6", "make table-fixes", "frozen BN much steadier", why, v, rule, glance)
@@ -150,7 +151,7 @@ def c8(d: RunsData) -> Verdict:
     pb = cell(d, "precise")
     if why := waiting(pb):
         return Verdict("C8", "make table-fixes", "PreciseBN improves val acc", why,
-                       "not run yet", rule, "runs still to come")
+                       "not run yet", rule, RUNS_TO_COME)
     g = [x for x in (recalibration_gain(r, pb.epochs) for r in pb.runs) if x is not None]
     if len(g) < MIN_SEEDS:
         why = f"{len(g)} seeds with a gain ({pb.diverged} diverged)"
@@ -176,7 +177,7 @@ def c9(d: RunsData) -> Verdict:
             f"most {STEADIEST}x the lowest other cell's; close = plateau val acc within 5 points "
             f"of syncbn's, either way; both: reproduced, one: partly; gn below {LEARNED:g}% on "
             "the plateau: untestable.")
-    v, why, glance = jitter_rule(d, "C9", *FIXES)
+    v, why, glance = jitter_rule(d, *FIXES)
     if v is not None:
         return Verdict("C9", "make table-fixes", "GN steadiest, close to SyncBN", why, v, rule,
                        glance)
@@ -208,10 +209,11 @@ def verdicts(d: RunsData) -> list[Verdict]:
 
 
 def render(d: RunsData) -> str:
-    rows = [[c.cell.label, c.seeds_note(), c.jstat("plateau_acc").fmt(1),
-             c.jstat("final").fmt(1), c.jstat("vn_sd").fmt(2), c.jstat("churn_floor").fmt(2),
-             c.jstat("over_floor").fmt(2), c.jstat("swing").fmt(1)] for c in d.cells]
-    ok, why = control(d)
+    rows = [[c.cell.label, c.seeds_note() if c.cell.seeds else "held",
+             c.jstat("plateau_acc").fmt(1), c.jstat("final").fmt(1), c.jstat("vn_sd").fmt(2),
+             c.jstat("churn_floor").fmt(2), c.jstat("over_floor").fmt(2),
+             c.jstat("swing").fmt(1)] for c in d.cells]
+    why = control(d).why
     return table.runs_page(d, "\n".join([
         page.md_table(["cell", "seeds", "plateau acc (%)", "final acc (%)",
                         "von Neumann sd (pts)", "churn floor (pts)", "jitter / floor",
@@ -219,6 +221,13 @@ def render(d: RunsData) -> str:
         f"Control check (table-lr's rule): {why}.", "",
         "Plateau: the second half of training; mean ± sd over seeds. The rules are in "
         "bnlab/claims/fixes.py, written before these runs.", ""]))
+
+
+def label_note(c: CellResult) -> str:
+    """What an x label adds for a cell with no jitter to plot."""
+    if vals(c):
+        return ""
+    return "\n(diverged)" if c.runs else "\n(held)" if not c.cell.seeds else "\n(not run yet)"
 
 
 def plot(d: RunsData, path: Path) -> None:
@@ -237,7 +246,7 @@ def plot(d: RunsData, path: Path) -> None:
             ax.scatter([i] * len(f), f, marker="_", s=300, color="black", zorder=2,
                        label="churn floor" if i == 0 else None)
     ax.set_xticks(range(len(d.cells)), [c.cell.meta.get("fix", c.cell.label)
-                                        + ("" if vals(c) else "\n(not run yet)") for c in d.cells])
+                                        + label_note(c) for c in d.cells])
     ax.set(title="plateau jitter (von Neumann sd) per seed", ylabel="points")
     ax.grid(alpha=0.3, axis="y")
     legend(ax, 8)

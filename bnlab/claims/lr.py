@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -72,6 +73,7 @@ SURVIVES = 1.5     # C4: the effect survives at another rate at this ratio (and 
 LEARNED = NO_LEARNING + 5
 CLAIMED = "bn ±10, syncbn ±2"
 PENDING = "the nearest rate left to rule at"
+RUNS_TO_COME = "runs still to come"
 
 
 def cell(d: RunsData, norm: str, lr: float) -> CellResult | None:
@@ -100,24 +102,35 @@ def ready(*cells: CellResult | None) -> bool:
     return all(c is not None and len(c.runs) >= min(MIN_SEEDS, c.expected) for c in cells)
 
 
-def steady(d: RunsData, lr: float) -> tuple[bool | None, str]:
-    """Whether the control (syncbn) is steady at `lr`, and why; None until it has run."""
+class Control(NamedTuple):
+    """The control check at one rate: steady (None until it has run), why, and in few words."""
+
+    ok: bool | None
+    why: str
+    short: str
+
+
+def steady(d: RunsData, lr: float) -> Control:
+    """The control check on syncbn at `lr`."""
     return control_check(cell(d, "syncbn", lr), lr)
 
 
-def control_check(sb: CellResult | None, lr: float) -> tuple[bool | None, str]:
+def control_check(sb: CellResult | None, lr: float) -> Control:
     """The control check on a syncbn cell run at `lr` (this table's or another's)."""
     if not ready(sb):
-        return None, f"syncbn at lr {lr:g}: fewer than {MIN_SEEDS} seeds finished"
+        return Control(None, f"syncbn at lr {lr:g}: fewer than {MIN_SEEDS} seeds finished",
+                       f"lr {lr:g} still to come")
     if len(vals(sb)) < MIN_SEEDS:
-        return False, f"syncbn at lr {lr:g}: {sb.diverged} of {len(sb.runs)} seeds diverged"
+        why = f"syncbn at lr {lr:g}: {sb.diverged} of {len(sb.runs)} seeds diverged"
+        return Control(False, why, f"diverged at lr {lr:g}")
     acc, vn, floor = mean(vals(sb, "plateau_acc")), mean(vals(sb)), mean(vals(sb, "churn_floor"))
     if acc < LEARNED:
-        return False, f"syncbn at lr {lr:g} does not learn ({acc:.1f}% on the plateau)"
+        return Control(False, f"syncbn at lr {lr:g} does not learn ({acc:.1f}% on the plateau)",
+                       f"does not learn at lr {lr:g}")
     ratio = vn / floor if floor else math.inf
     text = (f"syncbn at lr {lr:g}: jitter {vn:.2f} = {ratio:.1f}x its churn floor {floor:.2f} "
             f"({'steady' if ratio <= STEADY else 'not steady'}: the bound is {STEADY:g}x)")
-    return ratio <= STEADY, text
+    return Control(ratio <= STEADY, text, f"{ratio:.1f}x its floor at lr {lr:g}")
 
 
 def contrast(d: RunsData, lr: float) -> dict:
@@ -135,24 +148,39 @@ def contrast(d: RunsData, lr: float) -> dict:
                      f"{sb.jstat('plateau_acc').fmt(1)}")}
 
 
-def ruling_rate(d: RunsData) -> tuple[float | None, str]:
-    """C1's rate by the rule: the chosen one if steady, else the nearest steady one."""
+def by_nearness(d: RunsData) -> list[float]:
+    """The rates in the order C1's rule tries them: the chosen one, then the nearest on a log
+    scale (the smaller of two equally near)."""
     pick = chosen(d)
-    ok, why = steady(d, pick)
-    if ok:
-        return pick, why
-    if ok is None:
-        return None, why
-    # Nearest first; a rate not run yet blocks only the rates behind it, so C1 is ruled as
-    # soon as no unfinished rate could still turn out nearer (the answer is the same).
-    for lr in sorted((r for r in rates(d) if r != pick),
-                     key=lambda r: (abs(math.log(r / pick)), r)):
-        ok_lr, why_lr = steady(d, lr)
-        if ok_lr is None:
-            return None, f"{why}; {why_lr} ({PENDING})"
-        if ok_lr:
-            return lr, why + f"; the nearest steady rate is {lr:g}"
-    return None, why + "; no rate has a steady control"
+    return sorted(rates(d), key=lambda r: (abs(math.log(r / pick)), r))
+
+
+def ruling_rate(d: RunsData) -> tuple[float | None, str, list[Control]]:
+    """C1's rate by the rule (None while a rate it must read has not run, or where none is
+    steady), why, and the control checks read on the way, nearest first. A rate not run yet
+    blocks only the rates behind it: C1 is ruled as soon as no unfinished rate could turn out
+    nearer (the answer is the same as waiting for every rate)."""
+    read = []
+    for lr in by_nearness(d):
+        read.append(steady(d, lr))
+        if read[-1].ok is None:
+            return None, "; ".join(c.why for c in read) + f" ({PENDING})", read
+        if read[-1].ok:
+            near = "" if lr == chosen(d) else f"; the nearest steady rate is {lr:g}"
+            return lr, "; ".join(c.why for c in read) + near, read
+    return None, "; ".join(c.why for c in read) + "; no rate has a steady control", read
+
+
+def settled_rate(d: RunsData) -> float | None:
+    """The rate C1's rule gives once no seed still to come can change it (every control it
+    read has all its seeds); the chosen rate where no rate is steady; None before."""
+    lr, why, read = ruling_rate(d)
+    if lr is None and PENDING in why:
+        return None
+    tried = by_nearness(d)[:len(read)]
+    if any(len(cell(d, "syncbn", r).runs) < cell(d, "syncbn", r).expected for r in tried):
+        return None
+    return lr if lr is not None else chosen(d)
 
 
 def outcome(d: RunsData, lr: float) -> str:
@@ -169,40 +197,31 @@ def outcome(d: RunsData, lr: float) -> str:
 
 RULE_C1 = (f"Control check: syncbn must learn and its plateau jitter be at most {STEADY:g}x its "
            "own churn floor, else the rate is untestable. Ruled at the pilot's chosen rate, or "
-           "at the steady rate nearest it. There: bn's jitter (von Neumann sd) separated above "
+           "at the steady rate nearest it on a log scale (the smaller of two equally near). "
+           "There: bn's jitter (von Neumann sd) separated above "
            f"syncbn's (exact one-sided permutation test, p <= {SEPARATED}) and >= 2x it, with "
            f"bn >= {FLOOR_RATIO:g}x its churn floor: reproduced; separated, under 2x or under that "
            "floor: partly; not separated: not reproduced (indistinguishable); bn below "
-           f"{LEARNED:g}% on the plateau: untestable. Effect size: the ratio of mean jitters "
-           "with a 95% bootstrap interval over seeds.")
-
-
-def control_glance(sb: CellResult | None, lr: float) -> str:
-    """How far a syncbn cell run at `lr` is from steady, in a few words."""
-    vn, floor = mean(vals(sb)), mean(vals(sb, "churn_floor"))
-    if vn is None or not floor:
-        return f"syncbn does not learn at lr {lr:g}"
-    return f"syncbn itself jitters {vn / floor:.1f}x its floor at lr {lr:g}"
+           f"{LEARNED:g}% on the plateau, or fewer than {MIN_SEEDS} of its seeds left after "
+           "divergence: untestable. Effect size: the ratio of mean jitters with a 95% bootstrap "
+           "interval over seeds.")
 
 
 def c1_parts(d: RunsData) -> tuple[str, str, str, str]:
     """(verdict, ours, why, ours in a few words) of C1 on this protocol."""
-    lr, why = ruling_rate(d)
+    lr, why, read = ruling_rate(d)
     if lr is None:
-        bn, sb = cell(d, "bn", chosen(d)), cell(d, "syncbn", chosen(d))
-        if not ready(bn, sb):
-            return "not run yet", why, RULE_C1, "runs still to come"
+        bn = cell(d, "bn", chosen(d))
+        if not read or read[0].ok is None or not ready(bn):
+            return "not run yet", why, RULE_C1, RUNS_TO_COME
+        passed = ", ".join(c.short for c in read if c.ok is False)
         if PENDING in why:
-            return ("not run yet", why, RULE_C1, control_glance(sb, chosen(d))
-                    + "; the next rate's runs are still to come")
-        unsteady = [r for r in rates(d) if steady(d, r)[0] is False]
-        return ("untestable", why, RULE_C1, "no steady control: "
-                + ", ".join(control_glance(cell(d, "syncbn", r), r)
-                            .replace("syncbn itself jitters ", "")
-                            for r in unsteady))
+            return ("not run yet", why, RULE_C1,
+                    f"syncbn itself not steady: {passed}; {read[-1].short}")
+        return "untestable", why, RULE_C1, f"no steady control: {passed}"
     if not ready(cell(d, "bn", lr)):
         return ("not run yet", f"bn at lr {lr:g}: fewer than {MIN_SEEDS} seeds finished",
-                RULE_C1, "runs still to come")
+                RULE_C1, RUNS_TO_COME)
     v = outcome(d, lr)
     bn = cell(d, "bn", lr)
     if len(vals(bn)) < MIN_SEEDS:
@@ -234,47 +253,44 @@ def c3(d: RunsData) -> Verdict:
 
 def c4(d: RunsData) -> Verdict:
     base, _, _, _ = c1_parts(d)
-    lr0, _ = ruling_rate(d)
+    lr0 = ruling_rate(d)[0]
     rule = (f"Rule: C1's effect must exist at its rate (reproduced or partly), else untestable; "
             f"at every other rate whose control is steady the effect survives if bn's jitter is "
             f"separated above syncbn's (p <= {SEPARATED}) and >= {SURVIVES:g}x it; reproduced if "
-            "it survives at every such rate, partly at some, not reproduced at none; no other "
-            "steady rate: untestable. Augmentation and the optimizer are not varied on this "
-            "protocol (the short protocol's table-jitter has them, as history).")
-    others = [lr for lr in rates(d) if lr != lr0]
-    parts, got = [], []
-    for lr in others:
-        ok, why = steady(d, lr)
-        bn = cell(d, "bn", lr)
-        if ok and not ready(bn):
-            parts.append(f"bn at lr {lr:g}: fewer than {MIN_SEEDS} seeds finished")
-        elif ok and len(vals(bn)) < MIN_SEEDS:
+            "it survives at every such rate, partly at some, not reproduced at none; a rate "
+            f"where fewer than {MIN_SEEDS} of bn's seeds are left after divergence does not "
+            "count; no other steady rate that counts: untestable. Augmentation and the "
+            "optimizer are not varied on this protocol (the short protocol's table-jitter has "
+            "them, as history).")
+    parts, got, waiting, lost = [], [], False, 0
+    for lr in (r for r in rates(d) if r != lr0):
+        ctl, bn = steady(d, lr), cell(d, "bn", lr)
+        if ctl.ok is None or (ctl.ok and not ready(bn)):
+            waiting = True
+            parts.append(f"lr {lr:g}: not run yet")
+        elif not ctl.ok:
+            parts.append(ctl.why)
+        elif len(vals(bn)) < MIN_SEEDS:
+            lost += 1
             parts.append(f"bn at lr {lr:g}: {bn.diverged} of {len(bn.runs)} seeds diverged "
-                         "(not counted)")
-        elif ok:
+                         "(does not count)")
+        else:
             c = contrast(d, lr)
             alive = c["p"] is not None and c["p"] <= SEPARATED and c["ratio"] >= SURVIVES
             got.append(alive)
             parts.append(c["text"] + (" (survives)" if alive else " (gone)"))
-        else:
-            parts.append(why if ok is not None else f"lr {lr:g}: not run yet")
-    if base == "not run yet":
-        v = "not run yet"
-    elif base not in ("reproduced", "partly"):
-        v = "untestable"
+    effect = base in ("reproduced", "partly")
+    if base == "not run yet" or (effect and waiting):
+        v, glance = "not run yet", RUNS_TO_COME
+    elif not effect:
+        v, glance = "untestable", f"C1 is {base}: no effect to survive"
         rule += f" C1 is {base}, so there is no effect to survive."
-    elif any("not run yet" in p or "fewer than" in p for p in parts):
-        v = "not run yet"
     elif not got:
         v = "untestable"
+        glance = "bn diverged at every other steady rate" if lost else \
+            "no other rate with a steady control"
     else:
         v = "reproduced" if all(got) else "partly" if any(got) else "not reproduced"
-    if v == "not run yet":
-        glance = "runs still to come"
-    elif v == "untestable":
-        glance = "no other rate with a steady control" if base in ("reproduced", "partly") \
-            else f"C1 is {base}: no effect to survive"
-    else:
         glance = f"the effect survives at {sum(got)} of {len(got)} other steady rates"
     return Verdict("C4", "make table-lr", "aug off / other optimizer / lr do not remove it",
                    "; ".join(parts) or "no other rate", v, rule, glance)
@@ -331,9 +347,16 @@ def predictions(d: RunsData) -> list[str]:
     sb = {lr: mean(parts(cell(d, "syncbn", lr), "statistics")) for lr in done}
     lo, hi, lowest = rs[0], rs[-1], predicted_rates(d)[0]
     left = [lr for lr in predicted_rates(d) if lr not in rs]
-    so_far = f" (so far: lr {', '.join(f'{lr:g}' for lr in left)} still to come)" if left else ""
+    coming = [lr for lr in left if not ready(*(cell(d, n, lr) for n in NORMS))]
+    lost = [lr for lr in left if lr not in coming]  # every seed in, too few left to split
+    so_far = "".join([
+        f"; so far: lr {', '.join(f'{lr:g}' for lr in coming)} still to come" if coming else "",
+        f"; lr {', '.join(f'{lr:g}' for lr in lost)}: too few seeds left after divergence"
+        if lost else ""])
+    so_far = f" ({so_far[2:]})" if so_far else ""
     p1 = (f"{ratio[lowest]:.2f}x: {'agrees' if ratio[lowest] >= 2 else 'disagrees'}."
-          if lowest in rs else "its seeds are still to come.")
+          if lowest in rs else "its seeds are still to come." if lowest in coming else
+          "too few of its seeds left after divergence: not checked.")
     out = [f"- P1, bn's statistics part >= 2x syncbn's at the lowest rate ({lowest:g}; about 4x "
            f"predicted): {p1}",
            f"- P2, that ratio falls as the rate rises: "
@@ -383,7 +406,7 @@ def render(d: RunsData) -> str:
                                       if (c := cell(d, n, lr)) is not None]), "",
              "## Control check and contrast, rate by rate", ""]
     for lr in rates(d):
-        ok, why = steady(d, lr)
+        ok, why, _ = steady(d, lr)
         bn = cell(d, "bn", lr)
         lines.append(f"- {why}" + (f"; {contrast(d, lr)['text']}" if ok is not None and
                                    ready(bn) and vals(bn) else ""))

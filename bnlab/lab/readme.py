@@ -84,12 +84,12 @@ def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]]) ->
     figures = [f"experiments/{t.name}/{t.headline}" for t, _ in built if t.headline]
     if figures and readme.resolve() == (EXPERIMENTS / "README.md").resolve() and \
             all(d.root.resolve() == RUNS.resolve() for d in sweeps):  # the committed runs
-        findings = [f"**{t.finding(d)}** (`{t.make}`)" for t, d in built if t.finding]
+        findings = tuple(f"**{t.finding(d)}** (`{t.make}`)" for t, d in built if t.finding)
         write_headline(ROOT / "README.md", figures, verdicts, status, findings)
 
 
 def write_headline(path: Path, figures: list[str], verdicts: list[Verdict], status: str,
-                   findings: list[str] = ()) -> None:
+                   findings: tuple[str, ...] = ()) -> None:
     """The headline tables' figures and verdicts (claim, ours in a few words, verdict) in
     `path` (the project's README.md) between `<!-- headline:begin/end -->`; the statistics
     stay in experiments/README.md; `findings`, the answers of tables that rule no claim, under

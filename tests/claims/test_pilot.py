@@ -95,17 +95,17 @@ def test_the_settled_sweeps_use_what_the_pilot_chose_from_the_committed_runs():
     assert yaml.safe_load((EXPERIMENTS / "lr" / "sweep.yaml").read_text())["chosen_lr"] == rate
     assert rate in rates("lr")
     assert set(rates("values")) == set(rates("pilot")) == {rate}
-    # the fixes run at one of table-lr's rates; once their own cells have runs, at the one
-    # their spec's rule names: C1's ruling rate, or the chosen rate where none is steady
+    # the fixes run at one of table-lr's rates; their own cells are held (no seeds) until C1's
+    # rate is settled, then run at it (the chosen rate where no rate is steady): their rule
     (fix_rate,) = set(rates("fixes"))
     assert fix_rate in rates("lr")
-    fspec = load_spec(EXPERIMENTS / "fixes" / "sweep.yaml")
-    own = [c for c in collect(fspec, "cifar10-5085") if c.cell.meta["fix"] not in ("bn", "syncbn")]
-    if any(c.runs for c in own):
-        lspec = load_spec(EXPERIMENTS / "lr" / "sweep.yaml")
-        ruled, why = lr.ruling_rate(RunsData(lspec, collect(lspec, "cifar10-5085"), "", None, None))
-        assert ruled is not None or "no rate has a steady control" in why, why
-        assert fix_rate == (ruled or rate)
+    lspec = load_spec(EXPERIMENTS / "lr" / "sweep.yaml")
+    settled = lr.settled_rate(RunsData(lspec, collect(lspec, "cifar10-5085"), "", None, None))
+    own = [c for c in load_spec(EXPERIMENTS / "fixes" / "sweep.yaml").cells
+           if c.meta["fix"] not in ("bn", "syncbn")]
+    if any(c.seeds for c in own):
+        assert settled is not None, "the fixes got seeds before C1's rate was settled"
+        assert fix_rate == settled and all(c.seeds for c in own)
     fixes = yaml.safe_load((EXPERIMENTS / "fixes" / "sweep.yaml").read_text())["cells"]
     for choice, fix, key in (("groups", "gn", "norm.groups"),
                              ("freeze", "frozen_bn", "norm.freeze_after")):

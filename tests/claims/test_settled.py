@@ -47,7 +47,7 @@ def test_the_control_check_reads_jitter_against_its_own_churn_floor(tmp_path):
     d = lr_data(tmp_path, {("syncbn", 0.0125): 0.5, ("syncbn", 0.1): 6.0, ("bn", 0.0125): 0.5,
                            ("bn", 0.1): 6.0})
     assert lr.steady(d, 0.0125)[0] is True
-    ok, why = lr.steady(d, 0.1)
+    ok, why, _ = lr.steady(d, 0.1)
     assert ok is False and "not steady" in why
 
 
@@ -92,16 +92,25 @@ def test_c1_is_ruled_at_the_nearest_steady_rate_while_a_farther_rate_has_not_run
     noise[("syncbn", 0.003125)] = 6.0
     d = lr_data(tmp_path / "wait", noise)
     d.cells += queued(0.1)
-    rate, why = lr.ruling_rate(d)
+    rate, why, _ = lr.ruling_rate(d)
     assert rate is None and "lr 0.1" in why and lr.c1(d).verdict == "not run yet"
-    assert lr.c1(d).glance.endswith("the next rate's runs are still to come")
+    g = lr.c1(d).glance  # every rate passed over, then the one it waits for
+    assert g.startswith("syncbn itself not steady: ") and "x its floor at lr 0.0125, " in g
+    assert "x its floor at lr 0.003125; lr 0.1 still to come" in g
+
+
+def diverge(c) -> None:
+    """Mark every run of cell `c` diverged, read back."""
+    from bnlab.rundir import set_status
+
+    for r in c.runs:
+        set_status(r.path, "diverged")
+    c.runs = [type(r).read(r.path, r.seed) for r in c.runs]
 
 
 def test_c4_waits_for_bn_at_a_steady_rate_and_c1_survives_bn_diverging(tmp_path):
     """Found in review: C4 was ruled while bn at a steady rate still ran; C1 crashed where
     every bn seed diverged."""
-    from bnlab.rundir import set_status
-
     noise = {("syncbn", 0.0125): 0.5, ("bn", 0.0125): 4.0, ("syncbn", 0.1): 0.5,
              ("bn", 0.1): 4.0}
     d = lr_data(tmp_path, noise)
@@ -109,12 +118,46 @@ def test_c4_waits_for_bn_at_a_steady_rate_and_c1_survives_bn_diverging(tmp_path)
     bn01.runs = bn01.runs[:2]  # syncbn at 0.1 has its seeds, bn not yet
     assert lr.c1(d).verdict == "reproduced" and lr.c4(d).verdict == "not run yet"
     d = lr_data(tmp_path / "div", noise)
-    bn = lr.cell(d, "bn", 0.0125)
-    for r in bn.runs:
-        set_status(r.path, "diverged")
-    bn.runs = [type(r).read(r.path, r.seed) for r in bn.runs]
+    diverge(lr.cell(d, "bn", 0.0125))
     v = lr.c1(d)
     assert v.verdict == "untestable" and "5 of 5 seeds diverged" in v.glance
+
+
+def test_few_words_name_why_a_control_failed_and_where_bn_diverged(tmp_path):
+    noise = {("syncbn", 0.0125): 6.0, ("bn", 0.0125): 6.0, ("syncbn", 0.1): 0.5,
+             ("bn", 0.1): 4.0}
+    d = lr_data(tmp_path, noise)
+    diverge(lr.cell(d, "syncbn", 0.1))
+    v = lr.c1(d)
+    assert v.verdict == "untestable" and v.glance.endswith("diverged at lr 0.1")
+    d = lr_data(tmp_path / "c4", {("syncbn", 0.0125): 0.5, ("bn", 0.0125): 4.0,
+                                  ("syncbn", 0.1): 0.5, ("bn", 0.1): 4.0})
+    diverge(lr.cell(d, "bn", 0.1))
+    v = lr.c4(d)
+    assert v.verdict == "untestable" and v.glance == "bn diverged at every other steady rate"
+    assert "does not count" in v.ours
+
+
+def test_c1_s_rate_is_settled_only_once_no_seed_to_come_can_change_it(tmp_path):
+    noise = {("syncbn", 0.003125): 0.5, ("bn", 0.003125): 0.5, ("syncbn", 0.0125): 6.0,
+             ("bn", 0.0125): 6.0}
+    d = lr_data(tmp_path, noise)
+    assert lr.settled_rate(d) == 0.003125
+    lr.cell(d, "syncbn", 0.0125).expected = 6  # a seed of a control it read still to come
+    assert lr.ruling_rate(d)[0] == 0.003125 and lr.settled_rate(d) is None
+    noise[("syncbn", 0.003125)] = 6.0
+    assert lr.settled_rate(lr_data(tmp_path / "none", noise)) == 0.0125  # none steady: chosen
+
+
+def test_the_fixes_own_cells_wait_while_held(tmp_path):
+    d = fixes_data(tmp_path, {})
+    gn = fixes.cell(d, "gn")
+    gn.cell.seeds, gn.runs = [], []
+    v = fixes.c9(d)
+    assert v.verdict == "not run yet" and "held until C1's rate is settled" in v.ours
+    assert fixes.label_note(gn) == "\n(held)"
+    diverge(fixes.cell(d, "frozen_bn"))
+    assert fixes.label_note(fixes.cell(d, "frozen_bn")) == "\n(diverged)"
 
 
 def test_p1_is_judged_at_the_lowest_rate_it_was_written_for_or_waits(tmp_path):
