@@ -28,7 +28,7 @@ install: ## install everything with uv from uv.lock (into .venv)
 	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install -q uv
 	$(UV) sync --frozen
 
-test: install ## run the test suite on CPU (slow tests excluded; ~4 min on 2 cores)
+test: install ## run the test suite on CPU (slow tests excluded; ~5 min on 2 cores)
 	$(PY) -m pytest -q --durations=20
 
 test-gpu: $(INSTALL) ## on a CUDA machine: the cuda tests, then the GPU benchmark section (docs/performance.md)
