@@ -183,11 +183,9 @@ def settled_rate(d: RunsData) -> float | None:
     return lr if lr is not None else chosen(d)
 
 
-def outcome(d: RunsData, lr: float) -> str:
-    """C1's outcome at a rate whose control is steady."""
-    if len(vals(cell(d, "bn", lr))) < MIN_SEEDS:  # too many of bn's seeds diverged
-        return "untestable"
-    c = contrast(d, lr)
+def outcome(c: dict) -> str:
+    """C1's outcome from the contrast at a rate whose control is steady and where enough of
+    bn's seeds are left."""
     if c["bn_acc"] is None or c["bn_acc"] < LEARNED:
         return "untestable"
     if c["p"] is None or c["p"] > SEPARATED:
@@ -222,12 +220,12 @@ def c1_parts(d: RunsData) -> tuple[str, str, str, str]:
     if not ready(cell(d, "bn", lr)):
         return ("not run yet", f"bn at lr {lr:g}: fewer than {MIN_SEEDS} seeds finished",
                 RULE_C1, RUNS_TO_COME)
-    v = outcome(d, lr)
     bn = cell(d, "bn", lr)
-    if len(vals(bn)) < MIN_SEEDS:
+    if len(vals(bn)) < MIN_SEEDS:  # too many of bn's seeds diverged
         why_bn = f"bn at lr {lr:g}: {bn.diverged} of {len(bn.runs)} seeds diverged"
-        return v, f"{why_bn}; {why}", RULE_C1, why_bn
+        return "untestable", f"{why_bn}; {why}", RULE_C1, why_bn
     c = contrast(d, lr)
+    v = outcome(c)
     note = " (indistinguishable)" if v == "not reproduced" else \
         " (bn does not learn: no room to jitter)" if v == "untestable" else ""
     glance = (f"at lr {lr:g} (control steady): bn {mean(vals(cell(d, 'bn', lr))):.2f} vs syncbn "
