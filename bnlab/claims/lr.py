@@ -201,8 +201,9 @@ RULE_C1 = (f"Control check: syncbn must learn and its plateau jitter be at most 
            f"bn >= {FLOOR_RATIO:g}x its churn floor: reproduced; separated, under 2x or under that "
            "floor: partly; not separated: not reproduced (indistinguishable); bn below "
            f"{LEARNED:g}% on the plateau, or fewer than {MIN_SEEDS} of its seeds left after "
-           "divergence: untestable. Effect size: the ratio of mean jitters with a 95% bootstrap "
-           "interval over seeds.")
+           "divergence: untestable (this clause was added after some of the runs were seen; "
+           "no bn run has diverged, so it changes no verdict). Effect size: the ratio of mean "
+           "jitters with a 95% bootstrap interval over seeds.")
 
 
 def c1_parts(d: RunsData) -> tuple[str, str, str, str]:
@@ -257,7 +258,8 @@ def c4(d: RunsData) -> Verdict:
             f"separated above syncbn's (p <= {SEPARATED}) and >= {SURVIVES:g}x it; reproduced if "
             "it survives at every such rate, partly at some, not reproduced at none; a rate "
             f"where fewer than {MIN_SEEDS} of bn's seeds are left after divergence does not "
-            "count; no other steady rate that counts: untestable. Augmentation and the "
+            "count (added after some runs were seen; none diverged, so it changes no verdict); "
+            "no other steady rate that counts: untestable. Augmentation and the "
             "optimizer are not varied on this protocol (the short protocol's table-jitter has "
             "them, as history).")
     parts, got, waiting, lost = [], [], False, 0
