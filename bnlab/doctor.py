@@ -143,6 +143,14 @@ def _norm_layers(model: nn.Module) -> dict[nn.Module, str]:
     return {m: n for n, m in model.named_modules() if isinstance(m, kinds)}
 
 
+def at_risk(images: int, values: int, min_values: int = MIN_VALUES,
+            min_images: int = MIN_IMAGES) -> bool:
+    """The rule: a batch-statistics layer is at risk below `min_images` images or `min_values`
+    values per channel in its group (the doctor, the trainer's warning and make table-values,
+    which checks the defaults against its runs)."""
+    return values < min_values or images < min_images
+
+
 def measure(model: nn.Module, shape: tuple[int, ...], world: int, batch: int, norm: str | None,
             sync_group: int, min_values: int, min_images: int) -> list[Layer]:
     """Every normalization layer with the values it normalizes over at this setting."""
@@ -180,7 +188,7 @@ def measure(model: nn.Module, shape: tuple[int, ...], world: int, batch: int, no
             per_rank = batch * spatial
             over, images = per_rank * group, batch * group
             out.append(Layer(name, type(m).__name__, m.num_features, per_rank, over, images,
-                             True, over < min_values or images < min_images))
+                             True, at_risk(images, over, min_values, min_images)))
         else:
             c = s[1] if len(s) > 1 else 1
             groups = m.num_groups if isinstance(m, nn.GroupNorm) else 1

@@ -7,36 +7,48 @@ channel normalizes over, with the number of samples separated from the number of
 Trains experiments/values/sweep.yaml: one global batch of 8 images, one learning rate (the
 pilot's, experiments/pilot), one data order (the seed's); only how BN groups the images
 changes: 4 ranks x 2, 2 x 4, 1 x 8 (simulated; 1 x 8 with bn computes exactly what syncbn at
-4 x 2 does, so it is each model's reference). And the values per image at the smallest BN map:
-torchvision resnet18 on 32 px images (1x1 in layer4), the same model on images resized to
-64 px (data.image_size=64: 2x2), and resnet20 (8x8). Each cell's smallest layer normalizes over
-images per rank x map area values per channel (run.json's bn_values_per_channel): 2, 4, 8 at
-32 px; 8, 16, 32 at 64 px; 128, 256, 512 on resnet20. 8 values are reached from 2 images (64
-px) and from 8 (32 px). Every cell runs the settled headline protocol
-(configs/experiment/headline.yaml) shortened to 10 epochs for every cell (the budget: the
-64 px cells cost about 4 times the 32 px ones), the plateau its second half, 3 seeds. Writes
-experiments/values/{table.md, values.png}.
+4 x 2 does, so it is each input's reference), and 8 x 1 on the 64 px input. And the values per
+image at the smallest BN map: torchvision resnet18 on 32 px images (1x1 in layer4), the same
+model on images resized to 64 px (data.image_size=64: 2x2), and resnet20 (8x8). Each cell's
+smallest layer normalizes over images per rank x map area values per channel (run.json's
+bn_values_per_channel): 2, 4 (8 at the reference) at 32 px; 4, 8, 16 (32) at 64 px; 128, 256
+(512) on resnet20. Two levels are reached from different numbers of images: 4 values from 4
+images (32 px) and from 1 (64 px); 8 from 2 images (64 px) and from 8 (the 32 px reference,
+which the rules below do not read: its gap is 0 by definition).
+Every cell runs the settled headline protocol (configs/experiment/headline.yaml) shortened to
+10 epochs for every cell (the budget: the 64 px cells cost about 4 times the 32 px ones), the
+plateau its second half, 3 seeds. Writes experiments/values/{table.md, values.png}.
 
-The rules, written before these runs (experiments/README.md names the commit):
+The rules, written before these runs (experiments/README.md names the commit; the version
+before this one, also before any values run, judged a cell "holds" on its mean alone and read
+only the 2-image cells: a review found it could call noise a hold and recommend a threshold that
+flags holding cells):
 
 - A cell's *gap* is its reference's plateau accuracy minus its own, paired on the seed (the
-  same initial weights and data order), with a 95% t interval over the seeds. The cell
-  *breaks* when the gap is >= BREAK points and its interval excludes 0; it *holds* when the
-  gap is under BREAK points; otherwise it is *unclear*. Its *jitter ratio* is its plateau
-  jitter (von Neumann sd) over its reference's, with a 95% bootstrap interval.
-- What governs the collapse, from the 2-images-per-rank cells (2, 8 and 128 values):
-  no cell breaks: "BN does not break in this range"; the 2-value cell breaks and the 8-value
-  cell (2 images at 64 px, the level the 32 px reference reaches with 8 images) holds:
-  "values govern"; every 2-image cell breaks: "samples govern"; the 2- and 8-value cells
-  break and the 128-value one holds: "both" (values help, but 8 values from 2 images break
-  where 8 from 8 images is the reference); any other pattern (an unclear cell among them):
-  "undecided".
+  same initial weights and data order), with a 95% t interval over the seeds both finished
+  without diverging. With fewer than MIN_SEEDS such pairs, or a reference that diverged on any
+  seed, the cell is *unclear*. A cell that diverged on a seed where its reference did not
+  *breaks*. Otherwise it *breaks* when the gap is >= BREAK points and its interval lies above
+  0, *holds* when the gap is under BREAK points and its interval lies under HOLD_BOUND points
+  (the seeds rule out a loss of that much), and is *unclear* otherwise. Its *jitter ratio* is
+  the geometric mean over the same pairs of its plateau jitter (von Neumann sd) over its
+  reference's, with a 95% t interval on the log ratios: *higher* where the interval lies above
+  1, else *not higher*.
+- What governs the collapse, from every cell but the references (images and values per rank
+  at the smallest BN layer, and whether it breaks): any cell unclear: "undecided"; no cell
+  breaks: "BN does not break in this range"; every cell breaks: "BN breaks in every cell";
+  else, where a values threshold separates the breaking cells from the holding ones (every
+  breaking cell has fewer values than every holding one) and an images threshold does not:
+  "values govern"; the reverse: "samples govern"; both do: "not separated by these cells";
+  neither alone, but flagging below the holding cells' fewest images or fewest values flags
+  every breaking cell: "both"; else "neither alone". The same reading of the jitter ratio
+  (higher for breaks) says what governs the jitter.
 - The doctor's thresholds (a BN layer is at risk below MIN_IMAGES images or MIN_VALUES values
-  per channel per rank; the trainer's warning uses the same rule): supported when every
-  breaking cell is flagged and no holding cell is. Where they are not, the table gives the
-  values threshold the data support: the range above every breaking cell's values and at or
-  below every holding cell's above them, and whether a samples threshold is needed at all (a
-  holding cell with 2 images per rank says it is not). The doctor is then changed to it.
+  per channel per rank: doctor.at_risk, the rule the trainer's warning uses too): undecided
+  while any cell is unclear; supported when every breaking cell is flagged and no holding
+  cell is, else not supported. Where the separation above found a values or an images
+  threshold, the table gives its range; for "both", the pair of thresholds. The doctor is then
+  changed to it.
 """
 
 from __future__ import annotations
@@ -46,20 +58,21 @@ from pathlib import Path
 
 import numpy as np
 
-from bnlab.doctor import MIN_IMAGES, MIN_VALUES
+from bnlab.doctor import MIN_IMAGES, MIN_VALUES, at_risk
 from bnlab.lab import page, table
-from bnlab.lab.analysis import mean_interval, ratio_interval
+from bnlab.lab.analysis import mean_interval
 from bnlab.lab.figures import nothing_yet, plt, save
 from bnlab.lab.results import CellResult, fmt
 from bnlab.lab.table import RunsData, Verdict
 
-BREAK = 2.0  # points of accuracy lost to the reference at which a cell breaks
+BREAK = 2.0        # points of accuracy lost to the reference at which a cell breaks
+HOLD_BOUND = 4.0   # a cell holds only where its interval rules out losing this many points
 MIN_SEEDS = 3
-MARKERS = {2: "o", 4: "s", 8: "^"}
+MARKERS = {1: "v", 2: "o", 4: "s", 8: "^"}
 
 
 def groups(d: RunsData) -> dict[str, list[CellResult]]:
-    """Cells by input (model and image size), the reference (1 x 8) last."""
+    """Cells by input (model and image size)."""
     out: dict[str, list[CellResult]] = {}
     for c in d.cells:
         out.setdefault(c.cell.meta["input"], []).append(c)
@@ -79,95 +92,149 @@ def values(c: CellResult) -> int | None:
     return None
 
 
-def ready(c: CellResult) -> bool:
-    return len(c.runs) >= min(MIN_SEEDS, c.expected)
+def finished(c: CellResult) -> bool:
+    """Every seed the spec asks for has ended (completed or diverged)."""
+    return c.expected > 0 and len(c.runs) >= c.expected
 
 
-def paired(c: CellResult, ref: CellResult, key: str) -> list[float]:
-    """ref - c of a jitter measure, on each seed both have."""
-    mine = {r.seed: r.jitter(c.epochs).get(key) for r in c.runs}
-    theirs = {r.seed: r.jitter(ref.epochs).get(key) for r in ref.runs}
-    return [theirs[s] - mine[s] for s in sorted(mine) if s in theirs
-            and mine[s] is not None and theirs[s] is not None]
+def pairs(c: CellResult, ref: CellResult) -> tuple[list[float], list[float], list[int]]:
+    """(gaps, log jitter ratios, seeds where only the cell diverged), over the seeds both ran."""
+    mine, theirs = {r.seed: r for r in c.runs}, {r.seed: r for r in ref.runs}
+    gaps, logs, lost = [], [], []
+    for s in sorted(set(mine) & set(theirs)):
+        a, b = mine[s], theirs[s]
+        if a.diverged and not b.diverged:
+            lost.append(s)
+        if a.diverged or b.diverged:
+            continue
+        ja, jb = a.jitter(c.epochs), b.jitter(ref.epochs)
+        if ja.get("plateau_acc") is not None and jb.get("plateau_acc") is not None:
+            gaps.append(jb["plateau_acc"] - ja["plateau_acc"])
+        if (ja.get("vn_sd") or 0) > 0 and (jb.get("vn_sd") or 0) > 0:
+            logs.append(math.log(ja["vn_sd"] / jb["vn_sd"]))
+    return gaps, logs, lost
+
+
+def state(gap: float, lo: float | None, hi: float | None, n: int) -> str:
+    """breaks, holds or unclear, by the rule, from the paired gaps' mean and interval."""
+    if n < MIN_SEEDS or lo is None or hi is None:
+        return "unclear"
+    if gap >= BREAK and lo > 0:
+        return "breaks"
+    if gap < BREAK and hi < HOLD_BOUND:
+        return "holds"
+    return "unclear"
 
 
 def measure(d: RunsData, c: CellResult) -> dict | None:
-    """The cell against its reference: gap (with interval), jitter ratio, state; None until
-    both have MIN_SEEDS seeds."""
+    """The cell against its reference: gap and jitter ratio (with intervals), state; None
+    until both have ended every seed."""
     ref = reference(d, c)
-    if not (ready(c) and ready(ref)):
+    if not (finished(c) and finished(ref)):
         return None
-    gaps = paired(c, ref, "plateau_acc") if c is not ref else [0.0] * len(c.runs)
+    base = {"values": values(c), "images": c.cell.meta["per_rank"],
+            "acc": c.jstat("plateau_acc"), "vn": c.jstat("vn_sd")}
+    if c is ref:
+        return {**base, "gap": 0.0, "lo": None, "hi": None, "jitter": 1.0, "jlo": None,
+                "jhi": None, "n": len(c.runs), "state": "reference", "jstate": "reference",
+                "why": "diverged" if ref.diverged else ""}
+    gaps, logs, lost = pairs(c, ref)
     lo, hi = mean_interval(gaps)
     gap = float(np.mean(gaps)) if gaps else math.nan
-    j = c.jitter_values("vn_sd")
-    jr = float(np.mean(j) / np.mean(ref.jitter_values("vn_sd"))) if j else math.nan
-    jlo, jhi = ratio_interval(j, ref.jitter_values("vn_sd")) if c is not ref else (None, None)
-    if c is ref:
-        state = "reference"
-    elif c.diverged:
-        state = "breaks"  # a seed diverged: as far from its reference as it gets
-    elif gap >= BREAK and lo is not None and lo > 0:
-        state = "breaks"
-    elif gap < BREAK:
-        state = "holds"
+    llo, lhi = mean_interval(logs)
+    jitter = math.exp(float(np.mean(logs))) if logs else math.nan
+    jlo, jhi = (math.exp(llo), math.exp(lhi)) if llo is not None else (None, None)
+    if ref.diverged:
+        st, why = "unclear", "its reference diverged"
+    elif lost:
+        st, why = "breaks", f"diverged on seed {', '.join(map(str, lost))}"
+    elif base["values"] is None:
+        st, why = "unclear", "no bn_values_per_channel in its run.json"
     else:
-        state = "unclear"
-    return {"values": values(c), "images": c.cell.meta["per_rank"], "gap": gap, "lo": lo,
-            "hi": hi, "jitter": jr, "jlo": jlo, "jhi": jhi, "state": state,
-            "acc": c.jstat("plateau_acc"), "vn": c.jstat("vn_sd")}
+        st = state(gap, lo, hi, len(gaps))
+        why = f"{len(gaps)} seed pairs" if len(gaps) < MIN_SEEDS else ""
+    return {**base, "gap": gap, "lo": lo, "hi": hi, "jitter": jitter, "jlo": jlo, "jhi": jhi,
+            "n": len(gaps), "state": st, "why": why,
+            "jstate": "unclear" if ref.diverged or len(logs) < MIN_SEEDS else
+            "higher" if jlo > 1 else "not higher"}
 
 
 def measured(d: RunsData) -> list[tuple[CellResult, dict]]:
     return [(c, m) for c in d.cells if (m := measure(d, c)) is not None]
 
 
-def governs(d: RunsData) -> tuple[str, str]:
-    """(answer, the 2-image cells in words) by the rule."""
-    two = sorted(((m["values"], m["state"]) for c, m in measured(d) if m["images"] == 2),
-                 key=lambda x: x[0])
-    expected = sum(c.cell.meta["per_rank"] == 2 for c in d.cells)
-    words = ", ".join(f"{v} values {s}" for v, s in two)
-    if len(two) < expected:
-        return "not run yet", words
-    states = [s for _, s in two]
-    if all(s == "holds" for s in states):  # an unclear one among them: undecided, below
-        return "BN does not break in this range", words
-    by = dict(two)
-    if by.get(2) == "breaks" and by.get(8) == "holds":
-        return "values govern", words
-    if all(s == "breaks" for s in states):
-        return "samples govern", words
-    if by.get(2) == "breaks" and by.get(8) == "breaks" and states[-1] == "holds":
-        return "both", words
-    return "undecided", words
+def read(d: RunsData) -> list[dict] | None:
+    """Every cell but the references, measured; None while any is still to come."""
+    out = [m for c in d.cells if c is not reference(d, c) for m in [measure(d, c)]]
+    return None if not out or any(m is None for m in out) else out
+
+
+def separation(points: list[tuple[int, int, str]]) -> tuple[str, str]:
+    """(what governs, the thresholds that separate) from (images, values, state) points,
+    state breaks, holds or unclear, by the rule."""
+    if any(s == "unclear" for *_, s in points):
+        return "undecided", ""
+    bad = [(i, v) for i, v, s in points if s == "breaks"]
+    ok = [(i, v) for i, v, s in points if s != "breaks"]
+    if not bad:
+        return "BN does not break in this range", ""
+    if not ok:
+        return "BN breaks in every cell", ""
+    top_i, top_v = max(i for i, _ in bad), max(v for _, v in bad)
+    low_i, low_v = min(i for i, _ in ok), min(v for _, v in ok)
+    by_v, by_i = top_v < low_v, top_i < low_i
+    v_range = f"a values threshold above {top_v} and at most {low_v}"
+    i_range = f"an images threshold above {top_i} and at most {low_i}"
+    if by_v and not by_i:
+        return "values govern", v_range + "; no images threshold"
+    if by_i and not by_v:
+        return "samples govern", i_range + "; no values threshold"
+    if by_v and by_i:
+        return "not separated by these cells", f"{v_range}, or {i_range}"
+    if all(i < low_i or v < low_v for i, v in bad):
+        return "both", f"at risk below {low_i} images or below {low_v} values"
+    return "neither alone", ""
+
+
+def words(ms: list[dict], key: str = "state") -> str:
+    """The cells in a few words, by values: '2 values from 2 images: breaks, ...'."""
+    return ", ".join(f"{m['values']} values from {m['images']} images: {m[key]}"
+                     for m in sorted(ms, key=lambda m: (m["values"] or 0, m["images"])))
+
+
+def governs(d: RunsData, key: str = "state") -> tuple[str, str]:
+    """(answer, the cells in words) by the rule; key "jstate" for the jitter."""
+    ms = read(d)
+    if ms is None:
+        return "not run yet", words([m for _, m in measured(d) if m["state"] != "reference"],
+                                    key)
+    pts = [(m["images"], m["values"], "breaks" if m[key] == "higher" else
+            "unclear" if m[key] == "unclear" else "holds" if key == "jstate" else m[key])
+           for m in ms]
+    return separation(pts)[0], words(ms, key)
 
 
 def flagged(m: dict) -> bool:
     """The doctor's rule on a cell's smallest layer."""
-    return m["images"] < MIN_IMAGES or m["values"] < MIN_VALUES
+    return at_risk(m["images"], m["values"])
 
 
 def thresholds(d: RunsData) -> tuple[str, str]:
-    """(supported | not supported | not run yet, what the data support instead)."""
-    ms = [m for c, m in measured(d) if m["state"] in ("breaks", "holds")]
-    if len(measured(d)) < len(d.cells):
+    """(supported | not supported (why) | undecided | not run yet, what the data support)."""
+    ms = read(d)
+    if ms is None:
         return "not run yet", ""
+    answer, instead = separation([(m["images"], m["values"], m["state"]) for m in ms])
+    if answer == "undecided":
+        return "undecided (a cell is unclear)", ""
     missed = [m for m in ms if m["state"] == "breaks" and not flagged(m)]
     over = [m for m in ms if m["state"] == "holds" and flagged(m)]
-    broken = [m["values"] for m in ms if m["state"] == "breaks"]
-    top = max(broken, default=0)
-    held = [m["values"] for m in ms if m["state"] == "holds" and m["values"] > top]
-    rng = (f"a values threshold above {top} and at most {min(held)}" if held else
-           f"a values threshold above {top}")
-    two_ok = any(m["images"] == 2 for m in ms if m["state"] == "holds")  # as the rule says
-    instead = rng + ("; no samples threshold (a cell with 2 images per rank holds)"
-                     if two_ok else "")
     if not missed and not over:
         return "supported", instead
     why = []
     if missed:
-        why.append(f"{len(missed)} breaking cell(s) not flagged")
+        why.append(f"{len(missed)} breaking cell(s) not flagged: "
+                   + ", ".join(f"{m['images']} images, {m['values']} values" for m in missed))
     if over:
         why.append(f"{len(over)} holding cell(s) flagged: "
                    + ", ".join(f"{m['images']} images, {m['values']} values" for m in over))
@@ -183,54 +250,67 @@ def render(d: RunsData) -> str:
     for c in d.cells:
         m = measure(d, c)
         v = values(c)
+        theirs = m is None or m["state"] == "reference"
         rows.append([c.cell.label, c.seeds_note(), fmt(v, 0) if v else "-",
                      str(c.cell.meta["per_rank"]), c.jstat("plateau_acc").fmt(1),
                      c.jstat("vn_sd").fmt(2), c.jstat("churn_floor").fmt(2),
-                     "-" if m is None or m["state"] == "reference" else
-                     f"{m['gap']:+.1f} ({fmt(m['lo'])} to {fmt(m['hi'])})",
-                     "-" if m is None or m["state"] == "reference" else
-                     f"{m['jitter']:.2f} ({fmt(m['jlo'], 2)} to {fmt(m['jhi'], 2)})",
-                     "-" if m is None else m["state"]])
-    answer, words = governs(d)
+                     "-" if theirs else f"{m['gap']:+.1f} ({fmt(m['lo'])} to {fmt(m['hi'])})",
+                     "-" if theirs else
+                     f"{fmt(m['jitter'], 2)} ({fmt(m['jlo'], 2)} to {fmt(m['jhi'], 2)}): "
+                     f"{m['jstate']}",
+                     "-" if m is None else m["state"] + (f" ({m['why']})" if m["why"] else "")])
+    answer, cells = governs(d)
+    janswer, _ = governs(d, "jstate")
     doc, instead = thresholds(d)
     return table.runs_page(d, "\n".join([
         page.md_table(["cell", "seeds", "values per channel, smallest BN layer",
                         "images per rank", "plateau acc (%)", "von Neumann sd (pts)",
                         "churn floor (pts)", "gap to 1x8 (pts, 95% interval)",
                         "jitter / 1x8's (95% interval)", "state"], rows), "",
-        f"**What governs the collapse: {answer}** ({words or 'no 2-image cell measured yet'}).",
-        "",
+        f"**What governs the collapse: {answer}** ({cells or 'no cell measured yet'}).", "",
+        f"**What governs the jitter: {janswer}** (a cell counts where its jitter ratio's "
+        "interval lies above 1).", "",
         f"**The doctor's thresholds** (at risk below {MIN_IMAGES} images or {MIN_VALUES} values "
         f"per channel per rank): **{doc}**" + (f"; the data support {instead}." if instead
                                                else "."), "",
         f"Gap: the 1 x 8 reference's plateau accuracy minus the cell's, paired on the seed, mean "
         f"with a 95% t interval over seeds; breaks: gap >= {BREAK:g} points with the interval "
-        f"above 0; holds: gap under {BREAK:g} points. Plateau: the second half of training. "
+        f"above 0; holds: gap under {BREAK:g} points with the interval under {HOLD_BOUND:g}; "
+        f"else unclear (and with fewer than {MIN_SEEDS} seed pairs). Jitter ratio: geometric "
+        "mean over the seed pairs, 95% t interval on the log ratios. Plateau: the second half "
+        "of training. The 32 px reference normalizes 8 values over 8 images, itself under the "
+        "doctor's values threshold: gaps there are to syncbn at 4 x 2, not to an unbroken BN. "
         "The rules are in bnlab/claims/values.py, written before these runs.", ""]))
 
 
 def plot(d: RunsData, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     for _, m in measured(d):
-        if m["state"] == "reference" or m["values"] is None:
+        if m["values"] is None:
             continue
+        ref = m["state"] == "reference"
         kw = {"marker": MARKERS.get(m["images"], "o"), "ms": 7, "capsize": 3, "ls": "none",
-              "color": f"C{[2, 4, 8].index(m['images']) if m['images'] in MARKERS else 3}"}
-        label = f"{m['images']} images per rank"
-        err = [[m["gap"] - m["lo"]], [m["hi"] - m["gap"]]] if m["lo"] is not None else None
-        axes[0].errorbar([m["values"]], [m["gap"]], yerr=err, label=label, **kw)
-        jerr = [[m["jitter"] - m["jlo"]], [m["jhi"] - m["jitter"]]] \
-            if m["jlo"] is not None else None
-        axes[1].errorbar([m["values"]], [m["jitter"]], yerr=jerr, label=label, **kw)
+              "color": "0.5" if ref else f"C{sorted(MARKERS).index(m['images'])}"
+              if m["images"] in MARKERS else "C5", "mfc": "none" if ref else None}
+        label = "1 x 8 reference" if ref else f"{m['images']} images per rank"
+        for ax, y, lo, hi in ((axes[0], m["gap"], m["lo"], m["hi"]),
+                              (axes[1], m["jitter"], m["jlo"], m["jhi"])):
+            if y is None or not math.isfinite(y):
+                continue
+            err = [[y - lo], [hi - y]] if lo is not None and hi is not None else None
+            ax.errorbar([m["values"]], [y], yerr=err, label=label, **kw)
     if not any(m["state"] != "reference" for _, m in measured(d)):
         for ax in axes:
-            nothing_yet(ax, "no cell and its 1 x 8 reference have 3 seeds yet")
-    for ax, y, ylabel, title in (
-            (axes[0], 0, "accuracy lost to 1 x 8 (points)", "accuracy gap to the reference"),
-            (axes[1], 1, "jitter / 1 x 8's jitter", "jitter against the reference")):
+            nothing_yet(ax, "no cell and its 1 x 8 reference have all their seeds yet")
+    for ax, y, ylabel, title, line in (
+            (axes[0], 0, "accuracy lost to 1 x 8 (points)", "accuracy gap to the reference",
+             (BREAK, f"breaks at {BREAK:g} points lost (interval above 0)")),
+            (axes[1], 1, "jitter / 1 x 8's jitter", "jitter against the reference", None)):
         ax.axhline(y, color="grey", lw=1)
+        if line:
+            ax.axhline(line[0], color="C3", ls=":", lw=1, label=line[1])
         ax.axvline(MIN_VALUES, color="C3", ls="--", lw=1,
-                   label=f"doctor: at risk below {MIN_VALUES} values")
+                   label=f"doctor: at risk below {MIN_VALUES} values (or {MIN_IMAGES} images)")
         ax.set_xscale("log", base=2)
         ax.set(title=title, xlabel="values per channel at the smallest BN layer (log)",
                ylabel=ylabel)
@@ -248,11 +328,12 @@ def verdicts(d: RunsData) -> list[Verdict]:
 
 def finding(d: RunsData) -> str:
     """The table's answer in a line, for the README's first screen."""
-    answer, words = governs(d)
-    doc, _ = thresholds(d)
-    if answer == "not run yet":
+    ms = read(d)
+    if ms is None:
         return "Where BN breaks (values per channel): runs still to come"
-    return (f"Where BN breaks: {answer}" + (f" ({words})" if words else "")
+    answer, instead = separation([(m["images"], m["values"], m["state"]) for m in ms])
+    doc, _ = thresholds(d)
+    return (f"Where BN breaks: {answer}" + (f" ({instead})" if instead else "")
             + f"; the doctor's thresholds: {doc.split(' (')[0]}")
 
 

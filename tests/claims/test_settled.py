@@ -240,52 +240,152 @@ def test_the_readme_s_first_screen_shows_each_verdict_in_a_few_words(tmp_path):
     assert not any(v.ours in text for v in vs if v.ours != v.glance)  # the statistics: one deeper
 
 
+LAYOUTS = {"resnet18 32 px": (1, (2, 4, 8)), "resnet18 64 px": (4, (1, 2, 4, 8)),
+           "resnet20": (64, (2, 4, 8))}   # map area at the smallest BN layer, images per rank
+
+
+def values_run(d, gap: float, seed: int, values_per_channel: int | None, noise: float = 0.5,
+               status: str = "completed"):
+    from bnlab.lab.results import Run
+    from bnlab.rundir import set_status
+
+    info = {"bn_values_per_channel": {"a": values_per_channel, "b": 999}} \
+        if values_per_channel else {}
+    run = fake_headline_run(d, curve(60 - gap, noise, 10 * seed + 7), epochs=10, seed=seed,
+                            churn=True, info=info)
+    if status != "completed":
+        set_status(d, status)
+        return Run.read(d, seed)
+    return run
+
+
 def values_data(tmp_path, gaps: dict[tuple[str, int], float]) -> RunsData:
-    """Three inputs x 4x2, 2x4, 1x8 with these gaps to each input's 1x8 (3 seeds)."""
-    area = {"resnet18 32 px": 1, "resnet18 64 px": 4, "resnet20": 64}
+    """The values spec's cells with these gaps to each input's 1x8 (3 seeds; a gap may be a
+    list, one per seed)."""
     out = []
-    for inp, a in area.items():
-        for per_rank in (2, 4, 8):
-            gap = gaps.get((inp, per_rank), 0.0)
-            runs = [fake_headline_run(tmp_path / inp / str(per_rank) / f"s{s}",
-                                      curve(60 - gap, 0.5, 10 * s + per_rank), epochs=10,
-                                      seed=s, churn=True,
-                                      info={"bn_values_per_channel": {"a": per_rank * a,
-                                                                      "b": 999}})
+    for inp, (area, layouts) in LAYOUTS.items():
+        for per_rank in layouts:
+            g = gaps.get((inp, per_rank), 0.0)
+            runs = [values_run(tmp_path / inp / str(per_rank) / f"s{s}",
+                               g[s] if isinstance(g, list) else g, s, per_rank * area)
                     for s in range(3)]
             out.append((f"{inp} {8 // per_rank}x{per_rank}",
                         {"input": inp, "per_rank": per_rank}, runs))
     return runs_data(tmp_path, out, epochs=10)
 
 
-def test_values_govern_when_two_images_hold_at_eight_values(tmp_path):
-    d = values_data(tmp_path, {("resnet18 32 px", 2): 20.0, ("resnet18 32 px", 4): 8.0})
+def cell_of(d: RunsData, inp: str, per_rank: int) -> CellResult:
+    return next(c for c in d.cells
+                if c.cell.meta["input"] == inp and c.cell.meta["per_rank"] == per_rank)
+
+
+def test_values_govern_when_cells_break_below_a_values_level_whatever_their_images(tmp_path):
+    # 2 and 4 values break (from 1, 2 and 4 images); 8 values from 2 images and more hold
+    d = values_data(tmp_path, {("resnet18 32 px", 2): 20.0, ("resnet18 32 px", 4): 8.0,
+                               ("resnet18 64 px", 1): 9.0})
     assert values.governs(d)[0] == "values govern"
     doc, instead = values.thresholds(d)
-    assert doc.startswith("not supported") and "above 4" in instead
-    assert "no samples threshold" in instead
+    assert doc.startswith("not supported") and "holding cell(s) flagged" in doc
+    assert instead == "a values threshold above 4 and at most 8; no images threshold"
     text = values.render(d)
-    assert "values govern" in text and "breaks" in text
+    assert "**What governs the collapse: values govern**" in text and "| breaks |" in text
     line = values.finding(d)  # the README's first screen
-    assert line.startswith("Where BN breaks: values govern (2 values breaks") and \
-        line.endswith("the doctor's thresholds: not supported")
+    assert line == ("Where BN breaks: values govern (a values threshold above 4 and at most "
+                    "8; no images threshold); the doctor's thresholds: not supported")
 
 
-def test_samples_govern_when_every_two_image_cell_breaks(tmp_path):
-    gaps = {("resnet18 32 px", 2): 20.0, ("resnet18 64 px", 2): 10.0, ("resnet20", 2): 5.0}
+def test_samples_govern_when_the_images_per_rank_decide_and_the_values_do_not(tmp_path):
+    """Found in review: the first rules read only the 2-image cells and then offered a values
+    threshold that flags holding cells."""
+    gaps = {("resnet18 32 px", 2): 20.0, ("resnet18 64 px", 2): 10.0, ("resnet20", 2): 5.0,
+            ("resnet18 64 px", 1): 12.0}
     d = values_data(tmp_path, gaps)
     assert values.governs(d)[0] == "samples govern"
-    # 4-image cells hold, yet every 2-image one breaks: a samples threshold is still needed
-    assert "no samples threshold" not in values.thresholds(d)[1]
+    doc, instead = values.thresholds(d)
+    assert instead == "an images threshold above 2 and at most 4; no values threshold"
+    assert "3 holding cell(s) flagged" in doc  # the 4-image cells: the doctor wants 8 images
 
 
-def test_an_unclear_two_image_cell_leaves_the_answer_undecided(tmp_path):
-    """Found in review: an unclear cell among the 2-image ones read as 'does not break'."""
-    d = values_data(tmp_path, {})
-    two = next(c for c in d.cells if c.cell.label == "resnet18 32 px 4x2")
-    two.runs = [fake_headline_run(tmp_path / "wide" / f"s{s}", curve(60 - gap, 0.5, s),
-                                  epochs=10, seed=s, churn=True,
-                                  info={"bn_values_per_channel": {"a": 2}})
-                for s, gap in enumerate((8.0, -4.0, 2.5))]  # mean gap 2.2, wide interval
-    assert values.measure(d, two)["state"] == "unclear"
+def test_both_and_neither_alone(tmp_path):
+    # 2 values from 2 images and 4 values from 1 image break; 4 values from 4 images and
+    # 8 values from 2 images hold: neither threshold alone separates them, the pair does
+    d = values_data(tmp_path, {("resnet18 32 px", 2): 20.0, ("resnet18 64 px", 1): 9.0})
+    assert values.governs(d)[0] == "both"
+    assert values.thresholds(d)[1] == "at risk below 2 images or below 4 values"
+    # a pattern no pair of thresholds fits: 4 images break at 16 values, hold at 4
+    d = values_data(tmp_path / "n", {("resnet18 64 px", 4): 6.0})
+    assert values.governs(d)[0] == "neither alone"
+
+
+def test_a_hold_needs_seeds_that_rule_out_a_real_loss(tmp_path):
+    """Found in review: a mean gap under 2 points held however wide its interval, and with a
+    single seed pair."""
+    d = values_data(tmp_path, {("resnet18 32 px", 2): [20.0, -16.0, 1.4]})  # mean 1.8, wide
+    m = values.measure(d, cell_of(d, "resnet18 32 px", 2))
+    assert m["gap"] < values.BREAK and m["hi"] > values.HOLD_BOUND and m["state"] == "unclear"
     assert values.governs(d)[0] == "undecided"
+    assert values.thresholds(d)[0].startswith("undecided")
+    assert "unclear" in values.render(d)
+    # one seed pair left (two reference seeds diverged): unclear, however small its gap
+    assert values.state(0.5, None, None, 1) == "unclear"
+    assert values.state(0.5, -1.0, 2.0, 3) == "holds"
+    assert values.state(2.5, 0.5, 4.5, 3) == "breaks"
+    assert values.state(2.5, -0.5, 5.5, 3) == "unclear"
+
+
+def test_all_cells_unclear_support_nothing(tmp_path):
+    """Found in review: with every cell unclear nothing was missed or over-flagged, so the
+    doctor's thresholds read 'supported'."""
+    d = values_data(tmp_path, {(inp, k): [10.0, -10.0, 3.0] for inp, (_, ks) in LAYOUTS.items()
+                               for k in ks if k != 8})
+    assert all(m["state"] in ("unclear", "reference") for _, m in values.measured(d))
+    assert values.thresholds(d)[0].startswith("undecided")
+    assert values.finding(d).startswith("Where BN breaks: undecided")
+
+
+def test_divergence_breaks_a_cell_but_a_diverged_reference_leaves_its_cells_unclear(tmp_path):
+    d = values_data(tmp_path, {})
+    two = cell_of(d, "resnet18 32 px", 2)
+    two.runs[1] = values_run(tmp_path / "dv" / "s1", 0.0, 1, 2, status="diverged")
+    m = values.measure(d, two)
+    assert m["state"] == "breaks" and m["why"] == "diverged on seed 1"
+    ref = cell_of(d, "resnet20", 8)
+    ref.runs[0] = values_run(tmp_path / "dr" / "s0", 0.0, 0, 512, status="diverged")
+    m = values.measure(d, cell_of(d, "resnet20", 2))
+    assert m["state"] == "unclear" and m["why"] == "its reference diverged"
+
+
+def test_a_run_without_value_counts_is_unclear_not_a_crash(tmp_path):
+    d = values_data(tmp_path, {})
+    c = cell_of(d, "resnet20", 4)
+    c.runs = [values_run(tmp_path / "nv" / f"s{s}", 0.0, s, None) for s in range(3)]
+    assert values.measure(d, c)["state"] == "unclear"
+    assert values.governs(d)[0] == "undecided"
+    values.render(d)
+    values.plot(d, tmp_path / "v.png")
+
+
+def test_jitter_is_read_like_the_gap(tmp_path):
+    d = values_data(tmp_path, {})
+    noisy = cell_of(d, "resnet18 32 px", 2)
+    noisy.runs = [values_run(tmp_path / "j" / f"s{s}", 0.0, s, 2, noise=4.0) for s in range(3)]
+    m = values.measure(d, noisy)
+    assert m["jlo"] > 1 and m["jstate"] == "higher"
+    assert values.governs(d, "jstate")[0] == "values govern"  # only the 2-value cell is higher
+
+
+def test_the_doctor_and_the_trainers_warning_are_one_rule():
+    """The trainer's warning reads diagnostics.min_values with the doctor's images threshold;
+    its default and evaluate.py's diagnosis must be the doctor's (make table-values tests
+    those against its runs)."""
+    import yaml
+
+    from bnlab import doctor
+    from bnlab.paths import CONFIGS
+
+    train = yaml.safe_load((CONFIGS / "train.yaml").read_text())
+    assert train["diagnostics"]["min_values"] == doctor.MIN_VALUES
+    ev = yaml.safe_load((CONFIGS / "evaluate.yaml").read_text())["diagnose"]
+    assert (ev["min_values"], ev["min_images"]) == (doctor.MIN_VALUES, doctor.MIN_IMAGES)
+    assert doctor.at_risk(doctor.MIN_IMAGES, doctor.MIN_VALUES) is False
+    assert doctor.at_risk(doctor.MIN_IMAGES - 1, 10**6) and doctor.at_risk(10**6, 1)
