@@ -102,6 +102,12 @@ def ready(*cells: CellResult | None) -> bool:
     return all(c is not None and len(c.runs) >= min(MIN_SEEDS, c.expected) for c in cells)
 
 
+def lost(c: CellResult) -> bool:
+    """Fewer than MIN_SEEDS of the cell's seeds can be left after divergence, whatever the
+    seeds still to come give."""
+    return c.expected - c.diverged < MIN_SEEDS
+
+
 class Control(NamedTuple):
     """The control check at one rate: steady (None until it has run), why, and in few words."""
 
@@ -222,6 +228,9 @@ def c1_parts(d: RunsData) -> tuple[str, str, str, str]:
         return ("not run yet", f"bn at lr {lr:g}: fewer than {MIN_SEEDS} seeds finished",
                 RULE_C1, RUNS_TO_COME)
     bn = cell(d, "bn", lr)
+    if len(vals(bn)) < MIN_SEEDS and not lost(bn):  # diverged seeds, but enough still to come
+        return ("not run yet", f"bn at lr {lr:g}: {bn.diverged} of {len(bn.runs)} seeds "
+                "diverged, more to come", RULE_C1, RUNS_TO_COME)
     if len(vals(bn)) < MIN_SEEDS:  # too many of bn's seeds diverged
         why_bn = f"bn at lr {lr:g}: {bn.diverged} of {len(bn.runs)} seeds diverged"
         return "untestable", f"{why_bn}; {why}", RULE_C1, why_bn
@@ -262,7 +271,7 @@ def c4(d: RunsData) -> Verdict:
             "no other steady rate that counts: untestable. Augmentation and the "
             "optimizer are not varied on this protocol (the short protocol's table-jitter has "
             "them, as history).")
-    parts, got, waiting, lost = [], [], False, 0
+    parts, got, waiting, gone = [], [], False, 0
     for lr in (r for r in rates(d) if r != lr0):
         ctl, bn = steady(d, lr), cell(d, "bn", lr)
         if ctl.ok is None or (ctl.ok and not ready(bn)):
@@ -270,8 +279,11 @@ def c4(d: RunsData) -> Verdict:
             parts.append(f"lr {lr:g}: not run yet")
         elif not ctl.ok:
             parts.append(ctl.why)
+        elif len(vals(bn)) < MIN_SEEDS and not lost(bn):
+            waiting = True
+            parts.append(f"lr {lr:g}: bn's diverged seeds, more to come")
         elif len(vals(bn)) < MIN_SEEDS:
-            lost += 1
+            gone += 1
             parts.append(f"bn at lr {lr:g}: {bn.diverged} of {len(bn.runs)} seeds diverged "
                          "(does not count)")
         else:
@@ -287,7 +299,7 @@ def c4(d: RunsData) -> Verdict:
         rule += f" C1 is {base}, so there is no effect to survive."
     elif not got:
         v = "untestable"
-        glance = "bn diverged at every other steady rate" if lost else \
+        glance = "bn diverged at every other steady rate" if gone else \
             "no other rate with a steady control"
     else:
         v = "reproduced" if all(got) else "partly" if any(got) else "not reproduced"
@@ -348,11 +360,11 @@ def predictions(d: RunsData) -> list[str]:
     lo, hi, lowest = rs[0], rs[-1], predicted_rates(d)[0]
     left = [lr for lr in predicted_rates(d) if lr not in rs]
     coming = [lr for lr in left if not ready(*(cell(d, n, lr) for n in NORMS))]
-    lost = [lr for lr in left if lr not in coming]  # every seed in, too few left to split
+    spent = [lr for lr in left if lr not in coming]  # every seed in, too few left to split
     so_far = "".join([
         f"; so far: lr {', '.join(f'{lr:g}' for lr in coming)} still to come" if coming else "",
-        f"; lr {', '.join(f'{lr:g}' for lr in lost)}: too few seeds left after divergence"
-        if lost else ""])
+        f"; lr {', '.join(f'{lr:g}' for lr in spent)}: too few seeds left after divergence"
+        if spent else ""])
     so_far = f" ({so_far[2:]})" if so_far else ""
     p1 = (f"{ratio[lowest]:.2f}x: {'agrees' if ratio[lowest] >= 2 else 'disagrees'}."
           if lowest in rs else "its seeds are still to come." if lowest in coming else

@@ -62,6 +62,18 @@ def p_above(a: list[float], b: list[float]) -> float | None:
     return hits / count
 
 
+def p_positive(xs: list[float]) -> float | None:
+    """One-sided exact sign-flip p-value that paired differences `xs` (one per seed) sit above
+    0: the share of the 2^n ways of flipping their signs whose mean is at least the observed
+    one. With 5 seeds the smallest is 1/32; with 3, 1/8. None with fewer than 2."""
+    if len(xs) < 2:
+        return None
+    observed = sum(xs)
+    hits = sum(sum(s * x for s, x in zip(signs, xs, strict=True)) >= observed - 1e-12
+               for signs in itertools.product((1, -1), repeat=len(xs)))
+    return hits / 2 ** len(xs)
+
+
 def ratio_interval(a: list[float], b: list[float], draws: int = 10_000,
                    level: float = 0.95) -> tuple[float | None, float | None]:
     """A percentile bootstrap interval for mean(a) / mean(b): each group's seeds resampled

@@ -154,7 +154,9 @@ class Run:
 
 # The val-acc and val-loss keys of each way of evaluating (bnlab.validation.evaluation).
 SERIES = {"ema": ("val/acc", "val/loss"), "precise": ("decomp/acc_precise", "decomp/loss_precise"),
-          "batch": ("decomp/acc_batch", "decomp/loss_batch")}
+          "batch": ("decomp/acc_batch", "decomp/loss_batch"),
+          # precise_bn=every_epoch: the evaluation just after each epoch end's recalibration
+          "recal": ("val/acc_precise", "val/loss_precise")}
 
 
 def run_minutes(runs: list[Run]) -> float:

@@ -105,7 +105,11 @@ def test_the_settled_sweeps_use_what_the_pilot_chose_from_the_committed_runs():
            if c.meta["fix"] not in ("bn", "syncbn")]
     if any(c.seeds for c in own):
         assert settled is not None, "the fixes got seeds before C1's rate was settled"
-        assert fix_rate == settled and all(c.seeds for c in own)
+        assert fix_rate == settled
+        steady = lr.ruling_rate(RunsData(lspec, collect(lspec, "cifar10-5085"), "", None,
+                                         None))[0] is not None
+        # with no steady rate only PreciseBN runs (C6 and C9 would be untestable for sure)
+        assert all(bool(c.seeds) == (steady or c.meta["fix"] == "precise") for c in own)
     fixes = yaml.safe_load((EXPERIMENTS / "fixes" / "sweep.yaml").read_text())["cells"]
     for choice, fix, key in (("groups", "gn", "norm.groups"),
                              ("freeze", "frozen_bn", "norm.freeze_after")):

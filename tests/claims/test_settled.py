@@ -156,6 +156,13 @@ def test_the_fixes_own_cells_wait_while_held(tmp_path):
     v = fixes.c9(d)
     assert v.verdict == "not run yet" and "held until C1's rate is settled" in v.ours
     assert fixes.label_note(gn) == "\n(held)"
+    # with no steady rate, once settled, gn and frozen BN never run: C9 is untestable then
+    d = fixes_data(tmp_path / "none", {"syncbn": 6.0})
+    gn = fixes.cell(d, "gn")
+    gn.cell.seeds, gn.runs = [], []
+    assert fixes.c9(d).verdict == "untestable"
+    fixes.cell(d, "precise").cell.seeds = []  # before it is settled: held, not judged
+    assert fixes.c9(d).verdict == "not run yet"
     diverge(fixes.cell(d, "frozen_bn"))
     assert fixes.label_note(fixes.cell(d, "frozen_bn")) == "\n(diverged)"
 
@@ -196,11 +203,26 @@ def test_a_rate_added_after_the_prediction_is_shown_beside_it_not_judged_by_it(t
 
 def test_c8_pairs_each_recalibration_with_the_running_statistics_just_before_it(tmp_path):
     runs = [fake_headline_run(tmp_path / "pb" / f"s{s}", curve(60, 0.5, s),
-                              precise=1.5 + s / 10, seed=s, churn=True) for s in range(3)]
+                              precise=1.5 + s / 10, seed=s, churn=True) for s in range(5)]
     d = runs_data(tmp_path, [("bn + PreciseBN", {"fix": "precise"}, runs)])
     assert fixes.recalibration_gain(runs[0], 20) == pytest.approx(1.5)
     v = fixes.c8(d)
-    assert v.verdict == "reproduced" and "up in 3 of 3 seeds" in v.ours
+    assert v.verdict == "reproduced" and "up in 5 of 5 seeds" in v.ours and "p = 0.031" in v.ours
+    # its jitter reads the evaluations just after each recalibration (10 on the plateau)
+    pb = fixes.cell(d, "precise")
+    assert len(fixes.vals(pb)) == 5 and runs[0].jitter(20, "recal")["n_evals"] == 10
+
+
+def test_c8_needs_the_seeds_to_separate_the_gain_from_zero(tmp_path):
+    """Found in review: 'up on average and in most seeds' gave partly for gains of +0.02,
+    +0.03, -0.01, +0.04, +0.01, with no test against the seeds' spread."""
+    runs = [fake_headline_run(tmp_path / "pb" / f"s{s}", curve(60, 0.5, s), precise=g, seed=s)
+            for s, g in enumerate((0.02, 0.03, -0.01, 0.04, 0.01))]
+    d = runs_data(tmp_path, [("bn + PreciseBN", {"fix": "precise"}, runs)])
+    assert fixes.c8(d).verdict == "not reproduced"
+    # 3 seeds can never separate (p >= 1/8): the rule waits for all 5 the spec asks for
+    fixes.cell(d, "precise").expected = 6
+    assert fixes.c8(d).verdict == "not run yet"
 
 
 def fixes_data(tmp_path, noise: dict[str, float], lr_: float = 0.0015625) -> RunsData:
@@ -224,6 +246,47 @@ def test_c6_and_c9_are_ruled_on_the_fixes_spec_s_cells_where_their_control_is_st
     d = fixes_data(tmp_path / "unsteady", {"syncbn": 6.0})
     for v in (fixes.c6(d), fixes.c9(d)):
         assert v.verdict == "untestable" and v.glance.startswith("no steady control: syncbn")
+
+
+def test_c6_asks_for_bn_jitter_above_its_floor_and_compares_what_lies_above_it(tmp_path):
+    """Found in review: halving bn's raw jitter lands under the churn floor, and bn's own
+    jitter was never checked against it."""
+    d = fixes_data(tmp_path, {})  # bn as steady as the floor allows: nothing to remove
+    v = fixes.c6(d)
+    assert v.verdict == "untestable" and "x its floor)" in v.glance
+    d = fixes_data(tmp_path / "x", {"bn": 4.0, "frozen_bn": 1.2})
+    bn, fr = fixes.cell(d, "bn"), fixes.cell(d, "frozen_bn")
+    assert fixes.excess(fr) <= fixes.excess(bn) / 2
+    assert fixes.c6(d).verdict == "reproduced"
+
+
+def test_rules_wait_for_every_seed_before_calling_a_cell_untestable(tmp_path):
+    """Found in review: one diverged seed among the first 3 of 5 read as a final
+    'untestable'."""
+    d = fixes_data(tmp_path, {"bn": 4.0})
+    fr = fixes.cell(d, "frozen_bn")
+    diverge(fr)
+    fr.runs, fr.expected = fr.runs[:1], 5
+    assert fixes.c6(d).verdict == "not run yet"
+    d = lr_data(tmp_path / "lr", {("syncbn", 0.0125): 0.5, ("bn", 0.0125): 4.0}, seeds=3)
+    bn = lr.cell(d, "bn", 0.0125)
+    diverge(bn)
+    bn.runs, bn.expected = bn.runs[:1], 5  # 1 of 5 in, diverged: 4 still to come
+    assert lr.c1(d).verdict == "not run yet"
+
+
+def test_c9_reads_only_its_own_cells_and_the_fixes_that_learned(tmp_path):
+    """Found in review: a diverged frozen BN made C9 untestable, and a cell that never
+    learned set 'the lowest other'."""
+    d = fixes_data(tmp_path, {"bn": 4.0})
+    diverge(fixes.cell(d, "frozen_bn"))
+    v = fixes.c9(d)
+    assert v.verdict != "untestable" and "frozen_bn" not in v.ours.split("; gn above")[0]
+    d = fixes_data(tmp_path / "flat", {"bn": 4.0})
+    fr = fixes.cell(d, "frozen_bn")
+    fr.runs = [fake_headline_run(tmp_path / "flat12" / f"s{s}", curve(12, 0.01, s), seed=s,
+                                 churn=True) for s in range(3)]
+    assert "frozen_bn" not in fixes.c9(d).ours.split("; gn above")[0]
 
 
 def test_the_readme_s_first_screen_shows_each_verdict_in_a_few_words(tmp_path):
