@@ -103,9 +103,9 @@ def ready(*cells: CellResult | None) -> bool:
 
 
 def lost(c: CellResult) -> bool:
-    """Fewer than MIN_SEEDS of the cell's seeds can be left after divergence, whatever the
-    seeds still to come give."""
-    return c.expected - c.diverged < MIN_SEEDS
+    """Fewer than MIN_SEEDS of the cell's seeds can have a jitter, whatever the seeds still to
+    come give."""
+    return len(vals(c)) + max(c.expected - len(c.runs), 0) < MIN_SEEDS
 
 
 class Control(NamedTuple):

@@ -33,7 +33,8 @@ flags holding cells):
   (the seeds rule out a loss of that much), and is *unclear* otherwise. Its *jitter ratio* is
   the geometric mean over the same pairs of its plateau jitter (von Neumann sd) over its
   reference's, with a 95% t interval on the log ratios: *higher* where the interval lies above
-  1, else *not higher*.
+  1, else *not higher* (no evidence of more jitter; with fewer than MIN_SEEDS pairs, as after
+  a diverged seed in 3, *unclear*).
 - What governs the collapse, from every cell but the references (images and values per rank
   at the smallest BN layer, and whether it breaks): any cell unclear: "undecided"; no cell
   breaks: "BN does not break in this range"; every cell breaks: "BN breaks in every cell";
@@ -42,7 +43,7 @@ flags holding cells):
   "values govern"; the reverse: "samples govern"; both do: "not separated by these cells";
   neither alone, but flagging below the holding cells' fewest images or fewest values flags
   every breaking cell: "both"; else "neither alone". The same reading of the jitter ratio
-  (higher for breaks) says what governs the jitter.
+  (higher for breaks, not higher for holds) says what governs the jitter.
 - The doctor's thresholds (a BN layer is at risk below MIN_IMAGES images or MIN_VALUES values
   per channel per rank: doctor.at_risk, the rule the trainer's warning uses too): undecided
   while any cell is unclear; supported when every breaking cell is flagged and no holding
@@ -80,6 +81,7 @@ def groups(d: RunsData) -> dict[str, list[CellResult]]:
 
 
 def reference(d: RunsData, c: CellResult) -> CellResult:
+    """The cell's input's 1 x 8 cell (tests/claims/test_pilot.py checks the spec has one)."""
     return next(r for r in groups(d)[c.cell.meta["input"]] if r.cell.meta["per_rank"] == 8)
 
 
@@ -155,7 +157,8 @@ def measure(d: RunsData, c: CellResult) -> dict | None:
         why = f"{len(gaps)} seed pairs" if len(gaps) < MIN_SEEDS else ""
     return {**base, "gap": gap, "lo": lo, "hi": hi, "jitter": jitter, "jlo": jlo, "jhi": jhi,
             "n": len(gaps), "state": st, "why": why,
-            "jstate": "unclear" if ref.diverged or len(logs) < MIN_SEEDS else
+            "jstate": "unclear" if ref.diverged or len(logs) < MIN_SEEDS or
+            base["values"] is None else
             "higher" if jlo > 1 else "not higher"}
 
 
@@ -169,10 +172,14 @@ def read(d: RunsData) -> list[dict] | None:
     return None if not out or any(m is None for m in out) else out
 
 
-def separation(points: list[tuple[int, int, str]]) -> tuple[str, str]:
+JITTER_WORDS = {"BN does not break in this range": "no cell's jitter is higher",
+                "BN breaks in every cell": "every cell's jitter is higher"}
+
+
+def separation(points: list[tuple[int, int | None, str]]) -> tuple[str, str]:
     """(what governs, the thresholds that separate) from (images, values, state) points,
     state breaks, holds or unclear, by the rule."""
-    if any(s == "unclear" for *_, s in points):
+    if any(s == "unclear" or v is None for _, v, s in points):
         return "undecided", ""
     bad = [(i, v) for i, v, s in points if s == "breaks"]
     ok = [(i, v) for i, v, s in points if s != "breaks"]
@@ -211,7 +218,8 @@ def governs(d: RunsData, key: str = "state") -> tuple[str, str]:
     pts = [(m["images"], m["values"], "breaks" if m[key] == "higher" else
             "unclear" if m[key] == "unclear" else "holds" if key == "jstate" else m[key])
            for m in ms]
-    return separation(pts)[0], words(ms, key)
+    answer = separation(pts)[0]
+    return (JITTER_WORDS.get(answer, answer) if key == "jstate" else answer), words(ms, key)
 
 
 def flagged(m: dict) -> bool:
@@ -254,7 +262,8 @@ def render(d: RunsData) -> str:
         rows.append([c.cell.label, c.seeds_note(), fmt(v, 0) if v else "-",
                      str(c.cell.meta["per_rank"]), c.jstat("plateau_acc").fmt(1),
                      c.jstat("vn_sd").fmt(2), c.jstat("churn_floor").fmt(2),
-                     "-" if theirs else f"{m['gap']:+.1f} ({fmt(m['lo'])} to {fmt(m['hi'])})",
+                     "-" if theirs or not math.isfinite(m["gap"]) else
+                     f"{m['gap']:+.1f} ({fmt(m['lo'])} to {fmt(m['hi'])})",
                      "-" if theirs else
                      f"{fmt(m['jitter'], 2)} ({fmt(m['jlo'], 2)} to {fmt(m['jhi'], 2)}): "
                      f"{m['jstate']}",

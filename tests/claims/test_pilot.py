@@ -118,3 +118,22 @@ def test_the_settled_sweeps_use_what_the_pilot_chose_from_the_committed_runs():
         if cell is not None:  # added once the pilot has chosen
             assert pick is not None
             assert float(dict(o.split("=", 1) for o in cell["overrides"])[key]) == pick
+
+
+def test_every_values_input_has_one_reference_and_two_levels_meet_from_different_images():
+    """table-values reads each cell against its input's 1 x 8 cell, and separates samples
+    from values only where two cells that are not references reach one level."""
+    from bnlab.lab.spec import load_spec
+    from bnlab.paths import EXPERIMENTS
+
+    cells = load_spec(EXPERIMENTS / "values" / "sweep.yaml").cells
+    inputs = {c.meta["input"] for c in cells}
+    assert all(sum(c.meta["per_rank"] == 8 for c in cells if c.meta["input"] == i) == 1
+               for i in inputs)
+    area = {"resnet18 32 px": 1, "resnet18 64 px": 4, "resnet20": 64}  # smallest BN map
+    level = {}
+    for c in cells:
+        if c.meta["per_rank"] != 8:
+            level.setdefault(c.meta["per_rank"] * area[c.meta["input"]], set()).add(
+                c.meta["per_rank"])
+    assert any(len(images) > 1 for images in level.values()), level

@@ -11,6 +11,7 @@ from bnlab.claims import fixes, lr, values
 from bnlab.lab.plan import Cell, Spec
 from bnlab.lab.results import CellResult
 from bnlab.lab.table import RunsData
+from bnlab.rundir import set_status
 from conftest import fake_headline_run
 
 
@@ -220,9 +221,15 @@ def test_c8_needs_the_seeds_to_separate_the_gain_from_zero(tmp_path):
             for s, g in enumerate((0.02, 0.03, -0.01, 0.04, 0.01))]
     d = runs_data(tmp_path, [("bn + PreciseBN", {"fix": "precise"}, runs)])
     assert fixes.c8(d).verdict == "not reproduced"
-    # 3 seeds can never separate (p >= 1/8): the rule waits for all 5 the spec asks for
+    # the rule waits for every seed the spec asks for
     fixes.cell(d, "precise").expected = 6
     assert fixes.c8(d).verdict == "not run yet"
+    # and 4 seeds with a gain can never separate (p >= 1/16): untestable, not "not reproduced"
+    runs = [fake_headline_run(tmp_path / "four" / f"s{s}", curve(60, 0.5, s), precise=3.0,
+                              seed=s) for s in range(4)]
+    d = runs_data(tmp_path, [("bn + PreciseBN", {"fix": "precise"}, runs)])
+    v = fixes.c8(d)
+    assert v.verdict == "untestable" and v.ours == "4 seeds with a gain (0 diverged)"
 
 
 def fixes_data(tmp_path, noise: dict[str, float], lr_: float = 0.0015625) -> RunsData:
@@ -268,11 +275,28 @@ def test_rules_wait_for_every_seed_before_calling_a_cell_untestable(tmp_path):
     diverge(fr)
     fr.runs, fr.expected = fr.runs[:1], 5
     assert fixes.c6(d).verdict == "not run yet"
-    d = lr_data(tmp_path / "lr", {("syncbn", 0.0125): 0.5, ("bn", 0.0125): 4.0}, seeds=3)
-    bn = lr.cell(d, "bn", 0.0125)
-    diverge(bn)
-    bn.runs, bn.expected = bn.runs[:1], 5  # 1 of 5 in, diverged: 4 still to come
+    assert fixes.c9(d).verdict == "not run yet"  # C9 waits for every cell too
+    noise = {("syncbn", 0.0125): 0.5, ("bn", 0.0125): 4.0, ("syncbn", 0.1): 0.5,
+             ("bn", 0.1): 4.0}
+    d = lr_data(tmp_path / "lr", noise, seeds=3)
+    for rate in (0.0125, 0.1):
+        bn = lr.cell(d, "bn", rate)
+        bn.expected = 5  # 3 of 5 in, 2 of them diverged: 2 still to come could make 3
+        bn.runs[:2] = [type(r).read(r.path, r.seed) for r in bn.runs[:2]
+                       if set_status(r.path, "diverged") or True]
+        assert len(lr.vals(bn)) == 1 and not lr.lost(bn)
     assert lr.c1(d).verdict == "not run yet"
+    lr.cell(d, "bn", 0.0125).runs = lr.cell(d, "bn", 0.0125).runs  # C1 itself: see above
+    # C4 at the other rate waits too, once C1 has an effect to survive
+    d4 = lr_data(tmp_path / "lr4", noise, seeds=5)
+    bn = lr.cell(d4, "bn", 0.1)
+    bn.expected, bn.runs = 5, bn.runs[:3]
+    bn.runs[:2] = [type(r).read(r.path, r.seed) for r in bn.runs[:2]
+                   if set_status(r.path, "diverged") or True]
+    v = lr.c4(d4)
+    assert v.verdict == "not run yet" and "bn's diverged seeds, more to come" in v.ours
+    bn.expected = 3  # every seed in: 1 left, so lr 0.1 does not count
+    assert "does not count" in lr.c4(d4).ours
 
 
 def test_c9_reads_only_its_own_cells_and_the_fixes_that_learned(tmp_path):
@@ -308,13 +332,14 @@ LAYOUTS = {"resnet18 32 px": (1, (2, 4, 8)), "resnet18 64 px": (4, (1, 2, 4, 8))
 
 
 def values_run(d, gap: float, seed: int, values_per_channel: int | None, noise: float = 0.5,
-               status: str = "completed"):
+               status: str = "completed", salt: int = 0):
     from bnlab.lab.results import Run
     from bnlab.rundir import set_status
 
     info = {"bn_values_per_channel": {"a": values_per_channel, "b": 999}} \
         if values_per_channel else {}
-    run = fake_headline_run(d, curve(60 - gap, noise, 10 * seed + 7), epochs=10, seed=seed,
+    run = fake_headline_run(d, curve(60 - gap, noise, 1000 * salt + 10 * seed + 7), epochs=10,
+                            seed=seed,
                             churn=True, info=info)
     if status != "completed":
         set_status(d, status)
@@ -322,15 +347,17 @@ def values_run(d, gap: float, seed: int, values_per_channel: int | None, noise: 
     return run
 
 
-def values_data(tmp_path, gaps: dict[tuple[str, int], float]) -> RunsData:
+def values_data(tmp_path, gaps: dict[tuple[str, int], float], same_noise: bool = False
+                ) -> RunsData:
     """The values spec's cells with these gaps to each input's 1x8 (3 seeds; a gap may be a
-    list, one per seed)."""
+    list, one per seed); each cell its own noise, or with `same_noise` its reference's draw."""
     out = []
     for inp, (area, layouts) in LAYOUTS.items():
         for per_rank in layouts:
             g = gaps.get((inp, per_rank), 0.0)
             runs = [values_run(tmp_path / inp / str(per_rank) / f"s{s}",
-                               g[s] if isinstance(g, list) else g, s, per_rank * area)
+                               g[s] if isinstance(g, list) else g, s, per_rank * area,
+                               salt=0 if same_noise else len(out) + 1)
                     for s in range(3)]
             out.append((f"{inp} {8 // per_rank}x{per_rank}",
                         {"input": inp, "per_rank": per_rank}, runs))
@@ -421,15 +448,16 @@ def test_divergence_breaks_a_cell_but_a_diverged_reference_leaves_its_cells_uncl
 def test_a_run_without_value_counts_is_unclear_not_a_crash(tmp_path):
     d = values_data(tmp_path, {})
     c = cell_of(d, "resnet20", 4)
-    c.runs = [values_run(tmp_path / "nv" / f"s{s}", 0.0, s, None) for s in range(3)]
-    assert values.measure(d, c)["state"] == "unclear"
-    assert values.governs(d)[0] == "undecided"
+    c.runs = [values_run(tmp_path / "nv" / f"s{s}", 0.0, s, None, noise=4.0) for s in range(3)]
+    m = values.measure(d, c)
+    assert m["state"] == "unclear" and m["jstate"] == "unclear"  # found in review: a crash
+    assert values.governs(d)[0] == "undecided" and values.governs(d, "jstate")[0] == "undecided"
     values.render(d)
     values.plot(d, tmp_path / "v.png")
 
 
 def test_jitter_is_read_like_the_gap(tmp_path):
-    d = values_data(tmp_path, {})
+    d = values_data(tmp_path, {}, same_noise=True)  # jitter ratios exactly 1 but one
     noisy = cell_of(d, "resnet18 32 px", 2)
     noisy.runs = [values_run(tmp_path / "j" / f"s{s}", 0.0, s, 2, noise=4.0) for s in range(3)]
     m = values.measure(d, noisy)
