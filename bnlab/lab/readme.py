@@ -3,6 +3,7 @@ verdicts into the project's README.md, between their `<!-- name:begin/end -->` m
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,22 @@ def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]]) ->
             all(d.root.resolve() == RUNS.resolve() for d in sweeps):  # the committed runs
         findings = tuple(f"**{t.finding(d)}** (`{t.make}`)" for t, d in built if t.finding)
         write_headline(ROOT / "README.md", figures, verdicts, status, findings)
+        write_json(HEADLINE, verdicts, status,
+                   tuple(t.finding(d) for t, d in built if t.finding))
+
+
+HEADLINE = EXPERIMENTS / "headline.json"  # the headline's verdicts for make demo to quote
+
+
+def write_json(path: Path, verdicts: list[Verdict], status: str,
+               findings: tuple[str, ...]) -> None:
+    """The headline's verdicts in a few words and the tables' findings, as data (read by
+    `make demo`, which cannot afford to rebuild them from the runs)."""
+    path.write_text(json.dumps({
+        "preliminary": bool(status),
+        "verdicts": [{"claim": v.claim, "claimed": v.claimed, "ours": v.short,
+                      "verdict": v.verdict} for v in verdicts],
+        "findings": list(findings)}, indent=1, ensure_ascii=False) + "\n")
 
 
 def write_headline(path: Path, figures: list[str], verdicts: list[Verdict], status: str,

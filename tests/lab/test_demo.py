@@ -3,11 +3,14 @@ for real on the generated data, must come out apart; its table and plot come fro
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
 from bnlab.lab import demo
+from bnlab.lab.readme import HEADLINE
+from bnlab.paths import ROOT
 
 
 def plateau_accs(table: str) -> dict[str, float]:
@@ -33,6 +36,11 @@ def test_the_demo_trains_three_norms_and_shows_bn_apart_from_syncbn(tmp_path):
     assert acc["syncbn"] - acc["bn"] >= 30 and acc["gn"] - acc["bn"] >= 30, table
     assert re.search(r"\| bn \| completed \|.*\| 2 \|", table), table  # 2 values per channel
     assert (out / "demo.png").stat().st_size > 10_000
+    # the finding it exists to show, stated from its own numbers, beside the sweeps' verdicts
+    gap = acc["syncbn"] - acc["bn"]
+    assert f"**What this demo shows:** bn ends {gap:.1f} points below syncbn" in table
+    assert "normalizes 2 values per channel per rank: BN collapses" in table
+    assert all(line in table for line in demo.found()) and "- C1 (" in table
     # The same table again from the logs alone, without training.
     assert demo.main(["--out", str(out), "--report"]) == 0
     assert (out / "table.md").read_text() == table
@@ -46,3 +54,34 @@ def test_missing_runs_and_bad_jobs_are_one_sentence(tmp_path, capsys):
     assert demo.main(["--out", str(tmp_path / "x"), "--jobs", "0"]) == 2
     err = capsys.readouterr().err
     assert "--jobs=0 must be at least 1" in err and not (tmp_path / "x").exists()
+
+
+def test_the_summary_says_what_the_runs_show_and_quotes_the_sweeps_verdicts():
+    rows = [{"norm": "bn", "plateau val acc": 12.0, "min BN values": 2},
+            {"norm": "syncbn", "plateau val acc": 95.5, "min BN values": 8},
+            {"norm": "gn", "plateau val acc": 90.0, "min BN values": None}]
+    text = demo.shows(rows)
+    assert text.startswith("bn ends 83.5 points below syncbn on the plateau and 78.0 below gn, "
+                           "where its smallest BN layer normalizes 2 values per channel")
+    assert "BN collapses" in text
+    rows[0]["plateau val acc"] = 94.0
+    assert "no collapse" in demo.shows(rows)
+    rows[0]["plateau val acc"] = None
+    assert demo.shows(rows).startswith("A run has no plateau")
+    # the sweeps' side: C1 and the findings as make report last wrote them
+    h = json.loads(HEADLINE.read_text())
+    c1 = next(v for v in h["verdicts"] if v["claim"] == "C1")
+    lines = demo.found()
+    assert lines[0] == f"- C1 ({c1['claimed']}): **{c1['verdict']}**: {c1['ours']}"
+    assert all(f"- {f}" in lines for f in h["findings"])
+
+
+def test_the_headline_json_is_the_readme_s_headline():
+    """make report writes both; the demo quotes the JSON, a reader sees the README."""
+    h = json.loads(HEADLINE.read_text())
+    readme = (ROOT / "README.md").read_text().split("<!-- headline:begin -->")[1]
+    for v in h["verdicts"]:
+        mark = " (preliminary)" if h["preliminary"] and v["verdict"] != "not run yet" else ""
+        assert f"| {v['claim']} | {v['claimed']} | {v['ours']} | **{v['verdict']}{mark}** |" \
+            in readme
+    assert all(f in readme for f in h["findings"])
