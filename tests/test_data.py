@@ -33,6 +33,12 @@ def test_missing_dataset_offline_says_where_to_put_it(tmp_path, monkeypatch):
         D.load_cifar10(str(tmp_path / "nowhere"), download=True)
     with pytest.raises(BnlabError, match=r"data.download=false"):
         D.load_cifar10(str(tmp_path / "nowhere"), download=False)
+    # nothing left behind: no folder made for the download, no lock file
+    assert not (tmp_path / "nowhere").exists() and not list(tmp_path.rglob("*.lock"))
+    (tmp_path / "there").mkdir()  # an existing folder keeps nothing of the failed attempt
+    with pytest.raises(BnlabError, match="CIFAR-10 not found"):
+        D.load_cifar10(str(tmp_path / "there"), download=True)
+    assert list((tmp_path / "there").iterdir()) == []
 
 
 @needs_cifar

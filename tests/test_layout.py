@@ -166,3 +166,14 @@ def test_readme_and_make_help_quote_the_same_times():
                 assert re.search(whole, para), (target, minutes)
                 checked.add(target)
     assert {"test", "demo"} <= checked
+
+
+def test_the_readme_is_short_and_opens_with_the_two_commands():
+    """A newcomer's README: about 200 lines at most, `make test` and `make demo` on its first
+    screen (the first 25 lines), the long material in docs/."""
+    lines = (PACKAGE.parent / "README.md").read_text().splitlines()
+    assert len(lines) <= 200
+    first = "\n".join(lines[:25])
+    assert "make test" in first and "make demo" in first
+    assert all((PACKAGE.parent / "docs" / f).is_file()
+               for f in ("training.md", "library.md", "sweeps.md"))
