@@ -321,6 +321,11 @@ def test_a_short_run_leaves_an_evaluation_a_checkpoint_and_a_summary_and_can_be_
     assert json.loads((d / "status.json").read_text())["max_steps"] == 5
     assert [row["step"] for row in read_jsonl(d / "metrics.jsonl") if "val/acc" in row] == [5]
     assert (d / "checkpoint.pt").is_file()  # what evaluate.py run=<d> reads
+    ev = run_here("evaluate.py", f"run={d}", "precise_bn_samples=256", cwd=tmp_path)
+    assert ev.returncode == 0, ev.stderr  # it used to fail: "checkpoint.pt does not exist"
+    last = [row for row in read_jsonl(d / "metrics.jsonl") if "val/acc" in row][-1]
+    assert json.loads((d / "eval.json").read_text())["val_acc"]["eval mode, batch 256"] == \
+        pytest.approx(last["val/acc"], abs=1e-9)
     again = run_here("train.py", *SMOKE, "max_steps=5", f"hydra.run.dir={d}", cwd=tmp_path)
     assert again.returncode == 2 and "raise max_steps" in again.stderr
     _train(tmp_path, "max_steps=0", f"hydra.run.dir={d}")
