@@ -184,7 +184,10 @@ def separation(points: list[tuple[int, int | None, str]]) -> tuple[str, str]:
     bad = [(i, v) for i, v, s in points if s == "breaks"]
     ok = [(i, v) for i, v, s in points if s != "breaks"]
     if not bad:
-        return "BN does not break in this range", ""
+        least = min(i for i, _ in ok)
+        return "BN does not break in this range", (
+            f"nothing to flag from {least} image{'s' * (least != 1)} and "
+            f"{min(v for _, v in ok)} values per channel up")
     if not ok:
         return "BN breaks in every cell", ""
     top_i, top_v = max(i for i, _ in bad), max(v for _, v in bad)

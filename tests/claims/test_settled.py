@@ -408,6 +408,14 @@ def test_both_and_neither_alone(tmp_path):
     assert values.governs(d)[0] == "neither alone"
 
 
+def test_when_nothing_breaks_the_doctor_flags_too_much(tmp_path):
+    d = values_data(tmp_path, {})
+    assert values.governs(d)[0] == "BN does not break in this range"
+    doc, instead = values.thresholds(d)
+    assert doc.startswith("not supported (7 holding cell(s) flagged")
+    assert instead == "nothing to flag from 1 image and 2 values per channel up"
+
+
 def test_a_hold_needs_seeds_that_rule_out_a_real_loss(tmp_path):
     """Found in review: a mean gap under 2 points held however wide its interval, and with a
     single seed pair."""
