@@ -63,7 +63,9 @@ def provenance(cells: list[CellResult], tag: str, root: Path = RUNS, budget: int
     runs = [r for c in cells for r in c.runs]
     if not runs:
         return f"No finished runs yet under `{shown(root)}/{tag}/`."
-    commits = sorted({r.info.get("commit") or "?" for r in runs})
+    commits = sorted({r.info.get("commit") or "?" for r in runs} |
+                     {e["commit"] for r in runs for e in r.info.get("resumed", [])
+                      if e.get("commit")})  # a resume may run later code
     hosts = read_hosts(root / tag)
     machines = sorted({m for r in runs for m in run_machines(r, hosts)})
     devices = sorted({d for r in runs for d in run_devices(r)})
@@ -77,7 +79,7 @@ def provenance(cells: list[CellResult], tag: str, root: Path = RUNS, budget: int
         f"validation on {where})",
         f"- Machine: {'; '.join(machines)}; device {', '.join(devices)}; torch "
         f"{', '.join(torch_v)}",
-        f"- Commit(s): {', '.join(f'`{c}`' for c in commits)}",
+        f"- Commit(s), at each start and resume: {', '.join(f'`{c}`' for c in commits)}",
         f"- Runs: {len(runs)} of {expected} finished; summed run time "
         f"{run_minutes(runs):.1f} min (each run's sweep.json, all its launches; other work "
         "sometimes shared the cores)",

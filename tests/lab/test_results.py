@@ -70,3 +70,7 @@ def test_a_table_names_each_cells_devices_and_the_cells_that_mix_them(tmp_path):
     mixed = provenance(collect(spec, "t", tmp_path), "t", tmp_path)
     assert "device cpu, cuda:0;" in mixed
     assert f"- Devices by cell: {a.label}: cpu, cuda:0 (mixed); {b.label}: cpu" in mixed
+    # the commit of each resume is named beside the runs' own (found in review: left out)
+    from bnlab.rundir import git_commit
+    commits = mixed.split("- Commit(s), at each start and resume: ")[1].split("\n")[0]
+    assert f"`{git_commit()}`" in commits
