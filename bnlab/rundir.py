@@ -61,6 +61,25 @@ ADDED_LATER = {"on_nan": "stop", "data.rank_skew": False, "record.predictions": 
                "record.decompose_batch": True, "optim.scale_from": 0}
 
 
+# Keys that change nothing a run logs (the start-of-run warning's threshold, the doctor's:
+# bnlab/doctor.py), named in run directories at the value they had when those were first
+# named, so that a new default renames no run.
+PINNED = {"diagnostics.min_values": 16}
+
+
+def pinned(cfg: dict) -> dict:
+    """A copy of `cfg` with each PINNED key it holds set to its pinned value."""
+    c = json.loads(json.dumps(cfg))
+    for dotted, value in PINNED.items():
+        *parents, leaf = dotted.split(".")
+        d = c
+        for p in parents:
+            d = d.get(p) if isinstance(d, dict) else None
+        if isinstance(d, dict) and leaf in d:
+            d[leaf] = value
+    return c
+
+
 def get_dotted(cfg: dict, dotted: str):
     """The value at a dotted key, or None where any part is missing."""
     for part in dotted.split("."):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bnlab.dist import world_size
 from bnlab.paths import RUNS
-from bnlab.rundir import NOT_EXPERIMENT, without, without_added_later
+from bnlab.rundir import NOT_EXPERIMENT, pinned, without, without_added_later
 
 
 @dataclass
@@ -28,7 +28,7 @@ class Cell:
     @property
     def key(self) -> str:
         """`<model>-<norm>-<ranks>x<batch>-<hash>`: readable, and unique per resolved config."""
-        c = without_added_later(without(self.cfg, (*NOT_EXPERIMENT, "seed")))
+        c = pinned(without_added_later(without(self.cfg, (*NOT_EXPERIMENT, "seed"))))
         digest = hashlib.sha1(json.dumps(c, sort_keys=True).encode()).hexdigest()[:10]
         world = world_size(self.cfg, self.cfg["dist"]["nproc_per_node"])  # the config's alone
         return (f"{self.cfg['model']['name']}-{self.cfg['norm']['kind']}-{world}x"

@@ -45,6 +45,9 @@ def test_runs_are_keyed_by_the_resolved_config():
     assert r["4 ranks x 2 + grad_accum 4"] != b["bn 8"]
     same = compose(["experiment=jitter", "log_every=7", "name=other", "progress=false"])
     assert Cell("x", [], [0], same).key == j["bn"]
+    # the warning's threshold (the doctor's, which table-values may move) logs nothing
+    warned = compose(["experiment=jitter", "diagnostics.min_values=4"])
+    assert Cell("x", [], [0], warned).key == j["bn"]
 
 
 def test_a_cell_that_does_not_compose_fails_before_anything_runs(tmp_path):
