@@ -304,13 +304,16 @@ def plot(d: RunsData, path: Path) -> None:
         kw = {"marker": MARKERS.get(m["images"], "o"), "ms": 7, "capsize": 3, "ls": "none",
               "color": "0.5" if ref else f"C{sorted(MARKERS).index(m['images'])}"
               if m["images"] in MARKERS else "C5", "mfc": "none" if ref else None}
-        label = "1 x 8 reference" if ref else f"{m['images']} images per rank"
+        n = m["images"]
+        label = "1 x 8 reference" if ref else f"{n} image{'s' * (n != 1)} per rank"
+        # side by side where two layouts reach one level: a small step per images-per-rank
+        x = m["values"] * 2 ** (0.06 * (sorted(MARKERS).index(n) - 1.5) if n in MARKERS else 0)
         for ax, y, lo, hi in ((axes[0], m["gap"], m["lo"], m["hi"]),
                               (axes[1], m["jitter"], m["jlo"], m["jhi"])):
             if y is None or not math.isfinite(y):
                 continue
             err = [[y - lo], [hi - y]] if lo is not None and hi is not None else None
-            ax.errorbar([m["values"]], [y], yerr=err, label=label, **kw)
+            ax.errorbar([x], [y], yerr=err, label=label, **kw)
     if not any(m["state"] != "reference" for _, m in measured(d)):
         for ax in axes:
             nothing_yet(ax, "no cell and its 1 x 8 reference have all their seeds yet")
@@ -328,9 +331,11 @@ def plot(d: RunsData, path: Path) -> None:
                ylabel=ylabel)
         ax.grid(alpha=0.3)
         handles, labels = ax.get_legend_handles_labels()
-        keep = dict(zip(labels, handles, strict=True))  # one entry per marker
+        keep = dict(zip(labels, handles, strict=True))  # one entry per marker: lines first,
+        order = sorted(keep, key=lambda k: (k[0].isdigit(), "reference" in k, k))  # then 1,
+        # 2, 4 images per rank, then the references
         if keep:
-            ax.legend(keep.values(), keep.keys(), fontsize=8)
+            ax.legend([keep[k] for k in order], order, fontsize=8)
     save(fig, path, "Where BN breaks: global batch 8, only the grouping changes")
 
 
