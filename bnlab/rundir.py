@@ -1,6 +1,7 @@
 """What a run directory records beside its metrics (config, commit, versions, status), and
 what a run's identity leaves out or lets change (NOT_EXPERIMENT, RESUME_MAY_CHANGE,
-ADDED_LATER: the config keys its directory name and a resume ignore)."""
+ADDED_LATER: the config keys its directory name and a resume ignore; PINNED: keys its
+directory name reads at a fixed value)."""
 
 from __future__ import annotations
 

@@ -437,13 +437,13 @@ def render(d: RunsData) -> str:
 def plot(d: RunsData, path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     ax = axes[0]
-    shown = (ruling_rate(d)[0] or chosen(d), rates(d)[-1])  # C1's rate (else the chosen), 0.1
+    ruled = ruling_rate(d)[0]
+    shown = (ruled or chosen(d), rates(d)[-1])  # C1's rate (else the chosen), and 0.1
     for lr in rates(d):
         for n in NORMS:
             c = cell(d, n, lr)
             if c is not None and c.runs and lr in shown:
-                band(ax, c, f"{n}, lr {lr:g}" + (" (C1's rate)" if lr == ruling_rate(d)[0]
-                                                 else ""))
+                band(ax, c, f"{n}, lr {lr:g}" + (" (C1's rate)" if lr == ruled else ""))
     ax.axvline(PLATEAU * 20, color="grey", ls=":", lw=1)
     ax.set(title="val acc (band: min..max over seeds)", xlabel="epoch", ylabel="val accuracy (%)")
     ax.grid(alpha=0.3)

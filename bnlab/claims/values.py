@@ -179,7 +179,7 @@ JITTER_WORDS = {"BN does not break in this range": "no cell's jitter is higher",
 def separation(points: list[tuple[int, int | None, str]]) -> tuple[str, str]:
     """(what governs, the thresholds that separate) from (images, values, state) points,
     state breaks, holds or unclear, by the rule."""
-    if any(s == "unclear" or v is None for _, v, s in points):
+    if not points or any(s == "unclear" or v is None for _, v, s in points):
         return "undecided", ""
     bad = [(i, v) for i, v, s in points if s == "breaks"]
     ok = [(i, v) for i, v, s in points if s != "breaks"]

@@ -106,36 +106,46 @@ def plot(runs: list[Run], rows: list[dict], out: Path, title: str) -> None:
 COLLAPSE = 10.0  # points below syncbn on the plateau that the demo calls a collapse
 
 
-def shows(rows: list[dict]) -> str:
-    """What the demo's own runs show, in a sentence, from its table's numbers."""
+def shows(rows: list[dict], sweeps: bool = True) -> str:
+    """What the demo's own runs show, in a sentence, from its table's numbers; `sweeps`: the
+    sweeps' findings follow it."""
     by = {r["norm"]: r for r in rows}
-    acc = {n: by[n]["plateau val acc"] for n in NORMS if n in by}
-    if any(a is None for a in acc.values()) or "bn" not in acc or "syncbn" not in acc:
-        return "A run has no plateau to compare (see its status above)."
+    acc = {n: by[n]["plateau val acc"] for n in NORMS if by.get(n, {}).get("plateau val acc")
+           is not None}
+    if "bn" not in acc or "syncbn" not in acc:
+        return "bn or syncbn has no plateau to compare (see its status above)."
+
+    def versus(n: str) -> str:
+        d = acc[n] - acc["bn"]
+        return f"{abs(d):.1f} points {'below' if d >= 0 else 'above'} {n}"
+
     gap, values = acc["syncbn"] - acc["bn"], by["bn"]["min BN values"]
     where = (f"where its smallest BN layer normalizes {values} values per channel per rank"
              if values else "at 2 images per rank")
-    gn = f" and {acc['gn'] - acc['bn']:.1f} below gn" if acc.get("gn") is not None else ""
-    if gap >= COLLAPSE:
-        return (f"bn ends {gap:.1f} points below syncbn on the plateau{gn}, {where}: BN "
-                "collapses, while syncbn and gn train on the same images in the same steps. "
-                "This is the large effect; its jitter columns do not test the headline claim "
-                "(a model that barely learns has little to jitter), the sweeps below do.")
-    return (f"bn ends {gap:.1f} points below syncbn on the plateau{gn}, {where}: no collapse "
-            f"in this run (the demo calls {COLLAPSE:g} points one).")
+    head = f"bn ends {versus('syncbn')} on the plateau" + \
+        (f" and {versus('gn')}" if "gn" in acc else "") + f", {where}"
+    if gap < COLLAPSE:
+        return f"{head}: no collapse in this run (the demo calls {COLLAPSE:g} points one)."
+    fine = [n for n in acc if n != "bn" and acc["syncbn"] - acc[n] < COLLAPSE]
+    return (f"{head}: BN collapses, while {' and '.join(fine)} train"
+            f"{'s' * (len(fine) == 1)} on the same images in the same steps. This is the large "
+            "effect; its jitter columns do not test the headline claim (a model that barely "
+            "learns has little to jitter)" + (", the sweeps below do." if sweeps else "."))
 
 
 def found() -> list[str]:
-    """The sweeps' verdicts in a few words, as `make report` last wrote them from the
-    committed CIFAR-10 runs (experiments/headline.json)."""
-    if not HEADLINE.is_file():
+    """The sweeps' verdicts in a few words, as `make report` last wrote them from the runs in
+    experiments/runs (experiments/headline.json); none where it is missing or unreadable."""
+    try:
+        h = json.loads(HEADLINE.read_text())
+        mark = " (preliminary: sweeps still running)" if h["preliminary"] else ""
+        lines = [f"- {v['claim']} ({v['claimed']}): **{v['verdict']}**: {v['ours']}"
+                 for v in h["verdicts"] if v["claim"] == "C1"] + \
+            [f"- {f}" for f in h["findings"]]
+    except (OSError, ValueError, KeyError, TypeError):
         return []
-    h = json.loads(HEADLINE.read_text())
-    mark = " (preliminary: sweeps still running)" if h["preliminary"] else ""
-    return [f"- {v['claim']} ({v['claimed']}): **{v['verdict']}**: {v['ours']}"
-            for v in h["verdicts"] if v["claim"] == "C1"] + [f"- {f}" for f in h["findings"]] \
-        + [f"\nFrom `make report` on the committed CIFAR-10 runs{mark}; every claim: "
-           "experiments/README.md."]
+    return lines + [f"\nFrom `make report` on the CIFAR-10 runs in experiments/runs{mark}; "
+                    "every claim: experiments/README.md."]
 
 
 def write(runs: list[Run], out: Path, title: str) -> None:
@@ -144,7 +154,7 @@ def write(runs: list[Run], out: Path, title: str) -> None:
     table = md_table(list(COLUMNS), [[shown(r[c]) for c in COLUMNS] for r in rows])
     src = "\n".join(f"- `{r.path}` (commit {r.info.get('commit')})" for r in runs)
     sweeps = found()
-    summary = "\n".join([f"**What this demo shows:** {shows(rows)}", *(
+    summary = "\n".join([f"**What this demo shows:** {shows(rows, bool(sweeps))}", *(
         ["", "**What the sweeps found** (the full protocol, on CIFAR-10):",
          *sweeps] if sweeps else [])])
     out.mkdir(parents=True, exist_ok=True)

@@ -98,11 +98,13 @@ def write_json(path: Path, verdicts: list[Verdict], status: str,
                findings: tuple[str, ...]) -> None:
     """The headline's verdicts in a few words and the tables' findings, as data (read by
     `make demo`, which cannot afford to rebuild them from the runs)."""
-    path.write_text(json.dumps({
+    tmp = path.with_name(f".{path.name}.tmp")  # whole or not at all: make demo may read it
+    tmp.write_text(json.dumps({
         "preliminary": bool(status),
         "verdicts": [{"claim": v.claim, "claimed": v.claimed, "ours": v.short,
                       "verdict": v.verdict} for v in verdicts],
         "findings": list(findings)}, indent=1, ensure_ascii=False) + "\n")
+    tmp.replace(path)
 
 
 def write_headline(path: Path, figures: list[str], verdicts: list[Verdict], status: str,

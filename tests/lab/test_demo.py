@@ -37,8 +37,9 @@ def test_the_demo_trains_three_norms_and_shows_bn_apart_from_syncbn(tmp_path):
     assert re.search(r"\| bn \| completed \|.*\| 2 \|", table), table  # 2 values per channel
     assert (out / "demo.png").stat().st_size > 10_000
     # the finding it exists to show, stated from its own numbers, beside the sweeps' verdicts
-    gap = acc["syncbn"] - acc["bn"]
-    assert f"**What this demo shows:** bn ends {gap:.1f} points below syncbn" in table
+    said = re.search(r"\*\*What this demo shows:\*\* bn ends ([\d.]+) points below syncbn",
+                     table)
+    assert said and float(said[1]) == pytest.approx(acc["syncbn"] - acc["bn"], abs=0.11)
     assert "normalizes 2 values per channel per rank: BN collapses" in table
     assert all(line in table for line in demo.found()) and "- C1 (" in table
     # The same table again from the logs alone, without training.
@@ -61,13 +62,20 @@ def test_the_summary_says_what_the_runs_show_and_quotes_the_sweeps_verdicts():
             {"norm": "syncbn", "plateau val acc": 95.5, "min BN values": 8},
             {"norm": "gn", "plateau val acc": 90.0, "min BN values": None}]
     text = demo.shows(rows)
-    assert text.startswith("bn ends 83.5 points below syncbn on the plateau and 78.0 below gn, "
-                           "where its smallest BN layer normalizes 2 values per channel")
+    assert text.startswith("bn ends 83.5 points below syncbn on the plateau and 78.0 points "
+                           "below gn, where its smallest BN layer normalizes 2 values per channel")
     assert "BN collapses" in text
-    rows[0]["plateau val acc"] = 94.0
-    assert "no collapse" in demo.shows(rows)
+    assert "while syncbn and gn train on" in text and text.endswith("the sweeps below do.")
+    assert demo.shows(rows, sweeps=False).endswith("has little to jitter).")
+    rows[2]["plateau val acc"] = 11.0  # gn collapsed too: only syncbn trains
+    text = demo.shows(rows)
+    assert "1.0 points above gn" in text and "while syncbn trains on" in text
+    assert "while syncbn trains on" in demo.shows(rows[:2])  # no gn run at all
+    rows[0]["plateau val acc"] = 97.0
+    assert demo.shows(rows).startswith("bn ends 1.5 points above syncbn") and \
+        "no collapse" in demo.shows(rows)
     rows[0]["plateau val acc"] = None
-    assert demo.shows(rows).startswith("A run has no plateau")
+    assert demo.shows(rows).startswith("bn or syncbn has no plateau")
     # the sweeps' side: C1 and the findings as make report last wrote them
     h = json.loads(HEADLINE.read_text())
     c1 = next(v for v in h["verdicts"] if v["claim"] == "C1")
@@ -76,10 +84,20 @@ def test_the_summary_says_what_the_runs_show_and_quotes_the_sweeps_verdicts():
     assert all(f"- {f}" in lines for f in h["findings"])
 
 
+def test_an_unreadable_headline_json_leaves_the_sweeps_out(tmp_path, monkeypatch):
+    bad = tmp_path / "headline.json"
+    bad.write_text('{"preliminary": true, "verd')  # cut short
+    monkeypatch.setattr(demo, "HEADLINE", bad)
+    assert demo.found() == []
+    monkeypatch.setattr(demo, "HEADLINE", tmp_path / "none.json")
+    assert demo.found() == []
+
+
 def test_the_headline_json_is_the_readme_s_headline():
     """make report writes both; the demo quotes the JSON, a reader sees the README."""
     h = json.loads(HEADLINE.read_text())
     readme = (ROOT / "README.md").read_text().split("<!-- headline:begin -->")[1]
+    assert [v["claim"] for v in h["verdicts"]] == re.findall(r"^\| (C\d+) \|", readme, re.M)
     for v in h["verdicts"]:
         mark = " (preliminary)" if h["preliminary"] and v["verdict"] != "not run yet" else ""
         assert f"| {v['claim']} | {v['claimed']} | {v['ours']} | **{v['verdict']}{mark}** |" \
