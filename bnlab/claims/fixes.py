@@ -60,7 +60,7 @@ from bnlab.claims import lr as lrtable
 from bnlab.jitter import on_plateau
 from bnlab.lab import page, table
 from bnlab.lab.analysis import NO_LEARNING, SEPARATED, Stat, finite, p_above, p_positive
-from bnlab.lab.figures import band, legend, plt, save
+from bnlab.lab.figures import band, legend, plt, precise_points, save
 from bnlab.lab.results import CellResult, Run, fmt, gains
 from bnlab.lab.table import RunsData, Verdict
 
@@ -321,8 +321,11 @@ def label_note(c: CellResult) -> str:
 
 def plot(d: RunsData, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
-    for c in d.cells:
-        band(axes[0], c)
+    for i, c in enumerate(d.cells):  # one colour a cell in both panels
+        if c.cell.meta.get("fix") in KIND:  # PreciseBN: its EMA curve is bn's, not drawn
+            precise_points(axes[0], c, f"C{i}")
+        else:
+            band(axes[0], c, color=f"C{i}")
     axes[0].set(title="val acc (band: min..max over seeds)", xlabel="epoch",
                 ylabel="val accuracy (%)")
     axes[0].grid(alpha=0.3)

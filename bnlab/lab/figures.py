@@ -49,17 +49,18 @@ def nothing_yet(ax, what: str = "no finished runs yet") -> None:
             fontsize=11, zorder=5, bbox={"facecolor": "white", "edgecolor": "none"})
 
 
-def band(ax, c: CellResult, label: str | None = None) -> None:
+def band(ax, c: CellResult, label: str | None = None, color: str | None = None) -> None:
     """The cell's val acc per evaluation: the mean over seeds, a band from min to max."""
     ep, mean, lo, hi = c.mean_curve()
     if not ep:
         return
     n = len([r for r in c.runs if not r.diverged])
-    line, = ax.plot(ep, mean, marker=".", ms=3, lw=1.2, label=f"{label or c.cell.label} (n={n})")
+    line, = ax.plot(ep, mean, marker=".", ms=3, lw=1.2, label=f"{label or c.cell.label} (n={n})",
+                    color=color)
     ax.fill_between(ep, lo, hi, color=line.get_color(), alpha=0.15, lw=0)
 
 
-def precise_points(ax, c: CellResult) -> bool:
+def precise_points(ax, c: CellResult, color: str | None = None) -> bool:
     """Val acc after each PreciseBN recalibration (mean, bar = min..max over seeds); False
     when the cell's runs logged none. Its EMA curve is not drawn: PreciseBN does not touch
     training, so that curve is the plain row's and would hide it."""
@@ -69,7 +70,7 @@ def precise_points(ax, c: CellResult) -> bool:
     n = sum(bool(r.series("val/acc_precise")[0]) for r in c.runs if not r.diverged)
     ax.errorbar(ep, mean, yerr=[[m - a for m, a in zip(mean, lo, strict=True)],
                                 [b - m for m, b in zip(mean, hi, strict=True)]],
-                marker="s", ms=4, ls="--", lw=1, capsize=3,
+                marker="s", ms=4, ls="--", lw=1, capsize=3, color=color,
                 label=f"{c.cell.label}: after each recalibration (n={n})")
     return True
 
