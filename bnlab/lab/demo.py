@@ -129,8 +129,9 @@ def shows(rows: list[dict], sweeps: bool = True) -> str:
     fine = [n for n in acc if n != "bn" and acc["syncbn"] - acc[n] < COLLAPSE]
     return (f"{head}: BN collapses, while {' and '.join(fine)} train"
             f"{'s' * (len(fine) == 1)} on the same images in the same steps. This is the large "
-            "effect; its jitter columns do not test the headline claim (a model that barely "
-            "learns has little to jitter)" + (", the sweeps below do." if sweeps else "."))
+            "effect. The jitter columns do not test the headline claim, which is about a BN "
+            "that learns: bn's curve here is that of a model near chance"
+            + ("; the sweeps below test it where bn learns." if sweeps else "."))
 
 
 def found() -> list[str]:
