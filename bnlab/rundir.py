@@ -72,10 +72,8 @@ def pinned(cfg: dict) -> dict:
     """A copy of `cfg` with each PINNED key it holds set to its pinned value."""
     c = json.loads(json.dumps(cfg))
     for dotted, value in PINNED.items():
-        *parents, leaf = dotted.split(".")
-        d = c
-        for p in parents:
-            d = d.get(p) if isinstance(d, dict) else None
+        parent, _, leaf = dotted.rpartition(".")
+        d = get_dotted(c, parent) if parent else c
         if isinstance(d, dict) and leaf in d:
             d[leaf] = value
     return c

@@ -238,10 +238,9 @@ def c1_parts(d: RunsData) -> tuple[str, str, str, str]:
     v = outcome(c)
     note = " (indistinguishable)" if v == "not reproduced" else \
         " (bn does not learn: no room to jitter)" if v == "untestable" else ""
-    glance = (f"at lr {lr:g} (control steady): jitter bn {mean(vals(cell(d, 'bn', lr))):.2f} "
+    glance = (f"at lr {lr:g} (control steady): jitter bn {mean(vals(bn)):.2f} "
               f"vs syncbn {mean(vals(cell(d, 'syncbn', lr))):.2f} pts, {c['ratio']:.2f}x (95% CI "
-              f"{fmt(c['lo'], 2)} to {fmt(c['hi'], 2)})"
-              + note)
+              f"{fmt(c['lo'], 2)} to {fmt(c['hi'], 2)})" + note)
     return v, f"{c['text']}{note}; {why}", RULE_C1, glance
 
 

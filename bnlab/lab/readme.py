@@ -85,10 +85,10 @@ def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]]) ->
     figures = [f"experiments/{t.name}/{t.headline}" for t, _ in built if t.headline]
     if figures and readme.resolve() == (EXPERIMENTS / "README.md").resolve() and \
             all(d.root.resolve() == RUNS.resolve() for d in sweeps):  # the committed runs
-        findings = tuple(f"**{t.finding(d)}** (`{t.make}`)" for t, d in built if t.finding)
-        write_headline(ROOT / "README.md", figures, verdicts, status, findings)
-        write_json(HEADLINE, verdicts, status,
-                   tuple(t.finding(d) for t, d in built if t.finding))
+        found = [(t, t.finding(d)) for t, d in built if t.finding]  # each read once
+        write_headline(ROOT / "README.md", figures, verdicts, status,
+                       tuple(f"**{f}** (`{t.make}`)" for t, f in found))
+        write_json(HEADLINE, verdicts, status, tuple(f for _, f in found))
 
 
 HEADLINE = EXPERIMENTS / "headline.json"  # the headline's verdicts for make demo to quote
