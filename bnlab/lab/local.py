@@ -4,7 +4,8 @@ are free.
 
 SIGTERM or Ctrl-C, or the time limit (`stop_after`), stops the sweep cleanly: nothing new
 starts, and each running job is asked (again and again) to checkpoint and stop as
-`preempted`.
+`preempted`. The gentler limit (`drain_after`) only stops new runs from starting: the running
+ones finish, so a machine that will not keep their checkpoints loses nothing.
 """
 
 from __future__ import annotations
@@ -41,11 +42,12 @@ def executor(folder: Path):
 
 def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: Path,
               jobs: int, gpus: int | None, name: str, stop_after: float | None = None,
-              runs_per_gpu: int = 1) -> dict[str, int]:
+              runs_per_gpu: int = 1, drain_after: float | None = None) -> dict[str, int]:
     """Run the runs here, `jobs` at a time, until they end or a signal stops them (submitit's
     logs under `folder`); returns how many ended how. Each rank of a run gets a GPU (`gpus`,
     default every visible one) that at most `runs_per_gpu` runs share, and a run waits while
-    too few are free. After `stop_after` minutes the sweep stops as if SIGTERM had come."""
+    too few are free. After `stop_after` minutes the sweep stops as if SIGTERM had come; after
+    `drain_after` minutes no run starts, and the running ones go on to their end."""
     counts: dict[str, int] = {}
     queue = list(zip(todo, runs, strict=True))
     running: dict = {}
@@ -56,11 +58,18 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
     ended: dict[Path, float] = {}  # runs that ended -> the epochs they trained, read once
     last, drawn = (0.0, 0, 0), 0.0  # what the bar shows, and when it was drawn
     limit = None if stop_after is None else time.monotonic() + 60 * stop_after
+    drain = None if drain_after is None else time.monotonic() + 60 * drain_after
     with Stop() as stop, tqdm(total=sum(epochs.values()), desc=name, unit="epoch",
                               dynamic_ncols=True, bar_format=BAR) as bar:
         asked_at = 0.0  # when the running jobs were last asked to stop
         while queue or running:
             stop_at_limit(stop, limit, stop_after, bar)
+            if queue and drain is not None and time.monotonic() >= drain:
+                bar.write(f"  --drain-after {drain_after:g} min reached: {len(queue)} run(s) "
+                          f"not started; the {len(running)} running finish; the same command "
+                          "runs the rest")
+                counts[NOT_STARTED] = counts.get(NOT_STARTED, 0) + len(queue)
+                queue = []
             while queue and len(running) < jobs and not stop.asked and \
                     (ids := take(free, needs(queue[0][0][0], n_gpus))) is not None:
                 (cell, seed, d), run = queue.pop(0)

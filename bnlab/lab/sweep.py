@@ -92,7 +92,7 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
           root: Path = RUNS, launcher: str = "local", slurm: Slurm | None = None,
           wait: bool = True, gpus: int | None = None,
           allow_dirty: bool | None = None, stop_after: float | None = None,
-          runs_per_gpu: int = 1) -> dict[str, int]:
+          runs_per_gpu: int = 1, drain_after: float | None = None) -> dict[str, int]:
     """Run every unfinished run of `specs` through submitit, `jobs` at a time; returns how
     many ended how. On this machine each rank of a run gets a GPU (`gpus`, default every
     visible one) that at most `runs_per_gpu` runs share, and a run waits while too few are
@@ -100,7 +100,8 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
     submits them as one SLURM job array instead (with `slurm`'s resources; `wait=False`
     returns once they are submitted). Runs start only from a clean working tree unless
     `allow_dirty` (or BNLAB_ALLOW_DIRTY) says otherwise. On this machine, `stop_after`
-    minutes stop the sweep as SIGTERM does."""
+    minutes stop the sweep as SIGTERM does, and after `drain_after` minutes no run starts
+    (the running ones finish)."""
     tag = data_tag(specs[0].cells[0].cfg)
     name = "+".join(s.name for s in specs)
     if launcher == "slurm":  # every run's layout, before anything is moved or submitted
@@ -130,7 +131,7 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
         return submit_slurm(todo, runs, submit_folder(root, tag), jobs, threads, slurm, wait,
                             on_slurm)
     return run_local(todo, runs, submit_folder(root, tag), jobs, gpus, name, stop_after,
-                     runs_per_gpu)
+                     runs_per_gpu, drain_after)
 
 
 def unfinished(planned: list, states: dict[Path, str]) -> tuple[list, list]:
@@ -165,8 +166,8 @@ def outcome(counts: dict[str, int], minutes: float) -> int:
     print(("finished: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
            if counts else "nothing to run") + f" in {minutes:.1f} min")
     if counts.get("preempted") or counts.get(NOT_STARTED):
-        print("stopped (a signal, or --stop-after): run the same command to resume the "
-              "preempted runs from their checkpoints.")
+        print("stopped (a signal, --stop-after or --drain-after): run the same command to run "
+              "the rest (preempted runs resume from their checkpoints).")
         return EXIT_PREEMPTED
     return 1 if any(s not in FINAL for s in counts) else 0
 
@@ -183,6 +184,10 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
                    help="local: after MIN minutes stop as SIGTERM does (running runs checkpoint "
                         "and stop as preempted, queued ones wait); the same command resumes, "
                         "here or on another machine (default: no limit; on SLURM: --time)")
+    g.add_argument("--drain-after", type=float, metavar="MIN",
+                   help="local: after MIN minutes start no new run; the running ones finish "
+                        "(for a machine that will not keep their checkpoints); the same command "
+                        "later runs the rest (default: no limit)")
     g.add_argument("--runs-per-gpu", type=int, metavar="K",
                    help="local: up to K runs share each GPU, each its own process with a share "
                         "of the CPU threads (set --jobs to K x GPUs; default 1)")
@@ -226,16 +231,18 @@ def launcher_kwargs(a: argparse.Namespace) -> dict:
         if given:
             flag = "--" + given[0].replace("_", "-")
             raise BnlabError(f"{flag} is a SLURM option; add --launcher slurm, or leave it out.")
-        if a.stop_after is not None and not a.stop_after > 0:
-            raise BnlabError(f"--stop-after={a.stop_after:g} must be a positive number of "
-                             "minutes.")
+        for flag, v in (("--stop-after", a.stop_after), ("--drain-after", a.drain_after)):
+            if v is not None and not v > 0:
+                raise BnlabError(f"{flag}={v:g} must be a positive number of minutes.")
         if a.runs_per_gpu is not None and a.runs_per_gpu < 1:
             raise BnlabError(f"--runs-per-gpu={a.runs_per_gpu} must be at least 1.")
-        limit = {} if a.stop_after is None else {"stop_after": a.stop_after}
+        limit = {k: getattr(a, k) for k in ("stop_after", "drain_after")
+                 if getattr(a, k) is not None}
         pack = {} if a.runs_per_gpu is None else {"runs_per_gpu": a.runs_per_gpu}
         return {"launcher": "local", **limit, **pack, **dirty_kwargs(a)}
-    if a.stop_after is not None:
-        raise BnlabError("--stop-after is for sweeps on this machine; on SLURM, --time sets the "
+    if a.stop_after is not None or a.drain_after is not None:
+        flag = "--stop-after" if a.stop_after is not None else "--drain-after"
+        raise BnlabError(f"{flag} is for sweeps on this machine; on SLURM, --time sets the "
                          "limit (runs checkpoint before it and are requeued).")
     if a.runs_per_gpu is not None:
         raise BnlabError("--runs-per-gpu is for sweeps on this machine; on SLURM each run is "

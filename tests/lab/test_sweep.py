@@ -336,7 +336,7 @@ def test_a_sweep_refuses_a_dirty_working_tree_unless_allowed(tmp_path, monkeypat
     assert "uncommitted changes" in capsys.readouterr().err
     monkeypatch.setattr(sweep_module, "git_commit", lambda: "abc123")
     assert sweep_module.launcher_kwargs(sweep_module.argparse.Namespace(
-        launcher="local", allow_dirty=True, stop_after=None, runs_per_gpu=None,
+        launcher="local", allow_dirty=True, stop_after=None, drain_after=None, runs_per_gpu=None,
         **dict.fromkeys(sweep_module.SLURM_ONLY))) == \
         {"launcher": "local", "allow_dirty": True}
 
@@ -379,9 +379,49 @@ def test_a_sweep_stopped_by_its_time_limit_resumes_to_completion(tmp_path, monke
     assert "from_step" in json.loads((first / "run.json").read_text())["resumed"][0]
 
 
+def test_a_draining_sweep_lets_its_running_runs_finish_and_starts_no_more(tmp_path,
+                                                                          monkeypatch):
+    """--drain-after: past the limit no run starts, but the running one is not asked to stop
+    (no SIGTERM reaches it) and ends as it would have; the rest count as not started. The
+    runs are stand-ins that end when told, on a clock that jumps an hour at the first start."""
+    from types import SimpleNamespace
+
+    from bnlab.lab import local
+
+    spec = tiny_spec(tmp_path)
+    todo = plan(spec, "synthetic-64", tmp_path / "runs")
+    started = []
+
+    class Job:  # a run that ends at its second poll, and records any signal sent to it
+        def __init__(self, run):
+            self.run, self.signals, self.polls = run, [], 0
+            self._process = SimpleNamespace(poll=lambda: None, send_signal=self.signals.append)
+
+        def done(self):
+            self.polls += 1
+            return self.polls > 1
+
+    monkeypatch.setattr(local, "executor", lambda folder: SimpleNamespace(
+        update_parameters=lambda **kw: None,
+        submit=lambda run: started.append(Job(run)) or started[-1]))
+    monkeypatch.setattr(local, "job_result", lambda job, d, stopping: ("completed", 1.0))
+    real = time.monotonic
+    monkeypatch.setattr(local, "time", SimpleNamespace(sleep=lambda s: None, monotonic=lambda: (
+        real() + (3600.0 if started else 0.0))))
+    runs = [SimpleNamespace(gpus=None) for _ in todo]
+    counts = local.run_local(todo, runs, tmp_path / "submitit", 1, 0, "tiny", drain_after=1.0)
+    assert counts == {"completed": 1, "not started": 1}, counts
+    assert len(started) == 1 and started[0].run is runs[0]
+    assert started[0].polls == 2 and started[0].signals == []  # it ran on past the limit
+    assert local.run_local(todo[1:], runs[1:], tmp_path / "submitit", 1, 0, "tiny",
+                           drain_after=1.0) == {"completed": 1}  # the same command: the rest
+
+
 @pytest.mark.parametrize("args, said", [
     (["--stop-after", "0"], "--stop-after=0 must be a positive number of minutes"),
     (["--stop-after", "5", "--launcher", "slurm"], "--stop-after is for sweeps on this machine"),
+    (["--drain-after", "-1"], "--drain-after=-1 must be a positive number of minutes"),
+    (["--drain-after", "5", "--launcher", "slurm"], "--drain-after is for sweeps on this machine"),
     (["--runs-per-gpu", "0"], "--runs-per-gpu=0 must be at least 1"),
     (["--runs-per-gpu", "4", "--launcher", "slurm"], "--runs-per-gpu is for sweeps on this"),
 ])
