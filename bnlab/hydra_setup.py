@@ -38,9 +38,17 @@ def _parent_start_time() -> float | None:
 def _rendezvous_stamp(own: str) -> str | None:
     """Rank 0's stamp, through the store torchrun's agents share for this run: rank 0 leaves
     `own` (its agent's start time) and every other rank, on any node, waits for it. None
-    where torchrun gives its workers no such store."""
+    where torchrun gives its workers no such store and runs one agent; one sentence where
+    several agents (nodes) would each name a directory of their own."""
     env = os.environ
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_PORT" not in env:
+        agents = env.get("GROUP_WORLD_SIZE", "1")
+        if agents.isdigit() and int(agents) > 1:  # each agent would name its own directory
+            raise BnlabError(
+                f"this run has {agents} torchrun agents (nodes) and torchrun gives them no "
+                "shared store to agree on one run directory (torch before 2.5 with "
+                "--rdzv_backend=c10d, or TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1); set "
+                "BNLAB_RUN_STAMP to one value on every node, or hydra.run.dir.")
         return None
     from datetime import timedelta
 
