@@ -121,20 +121,21 @@ def steady(d: RunsData, lr: float) -> Control:
     return control_check(cell(d, "syncbn", lr), lr)
 
 
-def control_check(sb: CellResult | None, lr: float) -> Control:
-    """The control check on a syncbn cell run at `lr` (this table's or another's)."""
+def control_check(sb: CellResult | None, lr: float, name: str = "syncbn") -> Control:
+    """The control check on a control cell (`name`, syncbn by default) run at `lr`, this
+    table's or another's."""
     if not ready(sb):
-        return Control(None, f"syncbn at lr {lr:g}: fewer than {MIN_SEEDS} seeds finished",
+        return Control(None, f"{name} at lr {lr:g}: fewer than {MIN_SEEDS} seeds finished",
                        f"lr {lr:g} still to come")
     if len(vals(sb)) < MIN_SEEDS:
-        why = f"syncbn at lr {lr:g}: {sb.diverged} of {len(sb.runs)} seeds diverged"
+        why = f"{name} at lr {lr:g}: {sb.diverged} of {len(sb.runs)} seeds diverged"
         return Control(False, why, f"diverged at lr {lr:g}")
     acc, vn, floor = mean(vals(sb, "plateau_acc")), mean(vals(sb)), mean(vals(sb, "churn_floor"))
     if acc < LEARNED:
-        return Control(False, f"syncbn at lr {lr:g} does not learn ({acc:.1f}% on the plateau)",
+        return Control(False, f"{name} at lr {lr:g} does not learn ({acc:.1f}% on the plateau)",
                        f"does not learn at lr {lr:g}")
     ratio = vn / floor if floor else math.inf
-    text = (f"syncbn at lr {lr:g}: jitter {vn:.2f} = {ratio:.1f}x its churn floor {floor:.2f} "
+    text = (f"{name} at lr {lr:g}: jitter {vn:.2f} = {ratio:.1f}x its churn floor {floor:.2f} "
             f"({'steady' if ratio <= STEADY else 'not steady'}: the bound is {STEADY:g}x)")
     return Control(ratio <= STEADY, text, f"{ratio:.1f}x its floor at lr {lr:g}")
 

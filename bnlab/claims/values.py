@@ -34,7 +34,12 @@ flags holding cells):
   the geometric mean over the same pairs of its plateau jitter (von Neumann sd) over its
   reference's, with a 95% t interval on the log ratios: *higher* where the interval lies above
   1, else *not higher* (no evidence of more jitter; with fewer than MIN_SEEDS pairs, as after
-  a diverged seed in 3, *unclear*).
+  a diverged seed in 3, *unclear*). The jitter is read only where its control is steady: the
+  reference must learn and its plateau jitter be at most lr.STEADY times its own churn floor
+  (table-lr's control check, lr.control_check); else the cell's jitter is *untestable*.
+  (Added with the rules' third version, before any values run: the second read the jitter
+  whatever the reference's own, and table-lr's syncbn at this rate, 0.00625, was 2.4x its
+  floor, not steady.)
 - What governs the collapse, from every cell but the references (images and values per rank
   at the smallest BN layer, and whether it breaks): any cell unclear: "undecided"; no cell
   breaks: "BN does not break in this range"; every cell breaks: "BN breaks in every cell";
@@ -43,7 +48,8 @@ flags holding cells):
   "values govern"; the reverse: "samples govern"; both do: "not separated by these cells";
   neither alone, but flagging below the holding cells' fewest images or fewest values flags
   every breaking cell: "both"; else "neither alone". The same reading of the jitter ratio
-  (higher for breaks, not higher for holds) says what governs the jitter.
+  (higher for breaks, not higher for holds) says what governs the jitter, over the cells whose
+  reference is steady ("untestable" where there is none; the answer names the inputs left out).
 - The doctor's thresholds (a BN layer is at risk below MIN_IMAGES images or MIN_VALUES values
   per channel per rank: doctor.at_risk, the rule the trainer's warning uses too): undecided
   while any cell is unclear; supported when every breaking cell is flagged and no holding
@@ -59,6 +65,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bnlab.claims import lr as lrtable
 from bnlab.doctor import MIN_IMAGES, MIN_VALUES, at_risk
 from bnlab.lab import page, table
 from bnlab.lab.analysis import mean_interval
@@ -128,13 +135,19 @@ def state(gap: float, lo: float | None, hi: float | None, n: int) -> str:
     return "unclear"
 
 
+def control(ref: CellResult) -> lrtable.Control:
+    """table-lr's control check on an input's 1 x 8 reference: does its jitter stand still?"""
+    return lrtable.control_check(ref, ref.cell.cfg.get("optim", {}).get("lr", math.nan),
+                                 f"{ref.cell.meta['input']}'s 1 x 8 reference")
+
+
 def measure(d: RunsData, c: CellResult) -> dict | None:
     """The cell against its reference: gap and jitter ratio (with intervals), state; None
     until both have ended every seed."""
     ref = reference(d, c)
     if not (finished(c) and finished(ref)):
         return None
-    base = {"values": values(c), "images": c.cell.meta["per_rank"],
+    base = {"values": values(c), "images": c.cell.meta["per_rank"], "input": c.cell.meta["input"],
             "acc": c.jstat("plateau_acc"), "vn": c.jstat("vn_sd")}
     if c is ref:
         return {**base, "gap": 0.0, "lo": None, "hi": None, "jitter": 1.0, "jlo": None,
@@ -159,6 +172,7 @@ def measure(d: RunsData, c: CellResult) -> dict | None:
             "n": len(gaps), "state": st, "why": why,
             "jstate": "unclear" if ref.diverged or len(logs) < MIN_SEEDS or
             base["values"] is None else
+            "untestable" if not control(ref).ok else
             "higher" if jlo > 1 else "not higher"}
 
 
@@ -218,11 +232,18 @@ def governs(d: RunsData, key: str = "state") -> tuple[str, str]:
     if ms is None:
         return "not run yet", words([m for _, m in measured(d) if m["state"] != "reference"],
                                     key)
-    pts = [(m["images"], m["values"], "breaks" if m[key] == "higher" else
-            "unclear" if m[key] == "unclear" else "holds" if key == "jstate" else m[key])
-           for m in ms]
-    answer = separation(pts)[0]
-    return (JITTER_WORDS.get(answer, answer) if key == "jstate" else answer), words(ms, key)
+    if key != "jstate":
+        return separation([(m["images"], m["values"], m[key]) for m in ms])[0], words(ms, key)
+    left_out = sorted({m["input"] for m in ms if m["jstate"] == "untestable"})
+    ms_read = [m for m in ms if m["jstate"] != "untestable"]
+    if not ms_read:
+        return "untestable (no input's 1 x 8 reference is steady)", words(ms, key)
+    answer = separation([(m["images"], m["values"], "breaks" if m[key] == "higher" else
+                          "unclear" if m[key] == "unclear" else "holds") for m in ms_read])[0]
+    answer = JITTER_WORDS.get(answer, answer)
+    if left_out:
+        answer += f" (reference not steady, left out: {', '.join(left_out)})"
+    return answer, words(ms, key)
 
 
 def flagged(m: dict) -> bool:
@@ -273,6 +294,7 @@ def render(d: RunsData) -> str:
                      "-" if m is None else m["state"] + (f" ({m['why']})" if m["why"] else "")])
     answer, cells = governs(d)
     janswer, _ = governs(d, "jstate")
+    refs = [c for c in d.cells if c is reference(d, c) and finished(c)]
     doc, instead = thresholds(d)
     return table.runs_page(d, "\n".join([
         page.md_table(["cell", "seeds", "values per channel, smallest BN layer",
@@ -281,7 +303,9 @@ def render(d: RunsData) -> str:
                         "jitter / 1x8's (95% interval)", "state"], rows), "",
         f"**What governs the collapse: {answer}** ({cells or 'no cell measured yet'}).", "",
         f"**What governs the jitter: {janswer}** (a cell counts where its jitter ratio's "
-        "interval lies above 1).", "",
+        "interval lies above 1, and only where its reference is steady).", "",
+        "Controls (the jitter's): " + ("; ".join(
+            control(r).why for r in refs) if refs else "none measured yet") + ".", "",
         f"**The doctor's thresholds** (at risk below {MIN_IMAGES} images or {MIN_VALUES} values "
         f"per channel per rank): **{doc}**" + (f"; the data support {instead}." if instead
                                                else "."), "",

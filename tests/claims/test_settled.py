@@ -474,6 +474,26 @@ def test_jitter_is_read_like_the_gap(tmp_path):
     assert values.governs(d, "jstate")[0] == "values govern"  # only the 2-value cell is higher
 
 
+def test_the_jitter_is_read_only_where_the_reference_is_steady(tmp_path):
+    """Rules v3 (before any values run): a reference whose own jitter is over lr.STEADY times
+    its churn floor leaves its input's cells' jitter untestable, and the answer names the
+    inputs left out; with no steady reference the jitter is untestable. The gap is unmoved."""
+    d = values_data(tmp_path, {}, same_noise=True)
+    assert all(values.control(c).ok for c in d.cells if c is values.reference(d, c))
+    ref = cell_of(d, "resnet20", 8)
+    ref.runs = [values_run(tmp_path / "u" / f"s{s}", 0.0, s, 512, noise=4.0) for s in range(3)]
+    assert values.control(ref).ok is False
+    m = values.measure(d, cell_of(d, "resnet20", 2))
+    assert m["jstate"] == "untestable" and m["state"] in ("holds", "unclear")
+    answer = values.governs(d, "jstate")[0]
+    assert answer.endswith("(reference not steady, left out: resnet20)"), answer
+    assert "resnet20's 1 x 8 reference at lr" in values.render(d)
+    for inp, (area, _) in LAYOUTS.items():
+        cell_of(d, inp, 8).runs = [values_run(tmp_path / "u" / inp / f"s{s}", 0.0, s, 8 * area,
+                                              noise=4.0) for s in range(3)]
+    assert values.governs(d, "jstate")[0].startswith("untestable")
+
+
 def test_the_doctor_and_the_trainers_warning_are_one_rule():
     """The trainer's warning reads diagnostics.min_values with the doctor's images threshold;
     its default and evaluate.py's diagnosis must be the doctor's (make table-values tests
