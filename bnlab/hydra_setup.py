@@ -45,10 +45,10 @@ def _rendezvous_stamp(own: str) -> str | None:
         agents = env.get("GROUP_WORLD_SIZE", "1")
         if agents.isdigit() and int(agents) > 1:  # each agent would name its own directory
             raise BnlabError(
-                f"this run has {agents} torchrun agents (nodes) and torchrun gives them no "
-                "shared store to agree on one run directory (torch before 2.5 with "
-                "--rdzv_backend=c10d, or TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1); set "
-                "BNLAB_RUN_STAMP to one value on every node, or hydra.run.dir.")
+                f"this run has {agents} torchrun agents (nodes) and its rendezvous gives them "
+                "no shared store to agree on one run directory (c10d before torch 2.5, etcd, "
+                "or TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1); set BNLAB_RUN_STAMP to one value "
+                "on every node, or hydra.run.dir.")
         return None
     from datetime import timedelta
 

@@ -183,7 +183,6 @@ def test_a_rank_that_cannot_reach_the_store_says_so_in_one_sentence(monkeypatch)
     assert "\n" not in str(e.value) and "BNLAB_RUN_STAMP" in str(e.value)
 
 
-
 def test_agents_on_several_nodes_without_a_shared_store_are_refused(monkeypatch):
     """torch before 2.5 gives c10d rendezvous workers no agent store: one agent falls back to
     its own start time, several (nodes) would each name a directory, so that is one sentence
@@ -196,6 +195,7 @@ def test_agents_on_several_nodes_without_a_shared_store_are_refused(monkeypatch)
     with pytest.raises(BnlabError, match="2 torchrun agents") as e:
         hydra_setup._rendezvous_stamp("own")
     assert "\n" not in str(e.value) and "BNLAB_RUN_STAMP" in str(e.value)
+
 
 # -- C11: every process started as rank 0 ------------------------------------------------------
 

@@ -36,7 +36,8 @@ flags holding cells):
   1, else *not higher* (no evidence of more jitter; with fewer than MIN_SEEDS pairs, as after
   a diverged seed in 3, *unclear*). The jitter is read only where its control is steady: the
   reference must learn and its plateau jitter be at most lr.STEADY times its own churn floor
-  (table-lr's control check, lr.control_check); else the cell's jitter is *untestable*.
+  (table-lr's control check, lr.control_check: a reference with a diverged seed fails it);
+  else the cell's jitter is *untestable*, before anything else is read.
   (Added with the rules' third version, before any values run: the second read the jitter
   whatever the reference's own, and table-lr's syncbn at this rate, 0.00625, was 2.4x its
   floor, not steady.)
@@ -170,9 +171,8 @@ def measure(d: RunsData, c: CellResult) -> dict | None:
         why = f"{len(gaps)} seed pairs" if len(gaps) < MIN_SEEDS else ""
     return {**base, "gap": gap, "lo": lo, "hi": hi, "jitter": jitter, "jlo": jlo, "jhi": jhi,
             "n": len(gaps), "state": st, "why": why,
-            "jstate": "unclear" if ref.diverged or len(logs) < MIN_SEEDS or
-            base["values"] is None else
-            "untestable" if not control(ref).ok else
+            "jstate": "untestable" if not control(ref).ok else
+            "unclear" if len(logs) < MIN_SEEDS or base["values"] is None else
             "higher" if jlo > 1 else "not higher"}
 
 
@@ -337,6 +337,10 @@ def plot(d: RunsData, path: Path) -> None:
             if y is None or not math.isfinite(y):
                 continue
             err = [[y - lo], [hi - y]] if lo is not None and hi is not None else None
+            if ax is axes[1] and m["jstate"] == "untestable":  # drawn, not read: grey, hollow
+                ax.errorbar([x], [y], yerr=err, label="reference not steady: not read",
+                            **{**kw, "color": "0.65", "mfc": "none"})
+                continue
             ax.errorbar([x], [y], yerr=err, label=label, **kw)
     if not any(m["state"] != "reference" for _, m in measured(d)):
         for ax in axes:

@@ -57,6 +57,7 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
     epochs = {d: float(c.cfg["epochs"]) for c, _, d in todo}  # the bar counts epochs trained
     ended: dict[Path, float] = {}  # runs that ended -> the epochs they trained, read once
     last, drawn = (0.0, 0, 0), 0.0  # what the bar shows, and when it was drawn
+    planned = len(todo)  # the runs this sweep will start (fewer after a drain)
     limit = None if stop_after is None else time.monotonic() + 60 * stop_after
     drain = None if drain_after is None else time.monotonic() + 60 * drain_after
     with Stop() as stop, tqdm(total=sum(epochs.values()), desc=name, unit="epoch",
@@ -65,10 +66,13 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
         while queue or running:
             stop_at_limit(stop, limit, stop_after, bar)
             if queue and drain is not None and time.monotonic() >= drain:
+                left = (f"the {len(running)} running go on to their end" if running else
+                        "none is running")
                 bar.write(f"  --drain-after {drain_after:g} min reached: {len(queue)} run(s) "
-                          f"not started; the {len(running)} running finish; the same command "
-                          "runs the rest")
+                          f"not started, {left}; the same command runs the rest")
                 counts[NOT_STARTED] = counts.get(NOT_STARTED, 0) + len(queue)
+                bar.total -= sum(epochs[d] for (_, _, d), _ in queue)  # they will not train
+                planned -= len(queue)
                 queue = []
             while queue and len(running) < jobs and not stop.asked and \
                     (ids := take(free, needs(queue[0][0][0], n_gpus))) is not None:
@@ -106,7 +110,7 @@ def run_local(todo: list[tuple[Cell, int, Path]], runs: list[TrainJob], folder: 
             shown = (round(done, 1), len(ended), len(running))
             if shown != last and (shown[1:] != last[1:] or time.monotonic() - drawn > DRAW_S):
                 advance(bar, shown[0])  # redrawn when it moved, at most every DRAW_S
-                bar.set_postfix_str(f"runs {len(ended)}/{len(todo)} ended, {len(running)} "
+                bar.set_postfix_str(f"runs {len(ended)}/{planned} ended, {len(running)} "
                                     "running", refresh=False)
                 bar.refresh()
                 last, drawn = shown, time.monotonic()

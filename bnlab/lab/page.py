@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 from bnlab.jitter import MIN_EVALS, WINDOW
@@ -67,7 +68,9 @@ def provenance(cells: list[CellResult], tag: str, root: Path = RUNS, budget: int
                      {e["commit"] for r in runs for e in r.info.get("resumed", [])
                       if e.get("commit")})  # a resume may run later code
     hosts = read_hosts(root / tag)
-    machines = sorted({m for r in runs for m in run_machines(r, hosts)})
+    on = Counter(m for r in runs for m in set(run_machines(r, hosts)))  # runs on each
+    machines = sorted(on) if len(on) < 2 else \
+        [f"{m} ({on[m]} run{'s' * (on[m] != 1)})" for m in sorted(on)]
     devices = sorted({d for r in runs for d in run_devices(r)})
     torch_v = sorted({r.info.get("versions", {}).get("torch") or "?" for r in runs})
     expected = sum(c.expected for c in cells)

@@ -185,9 +185,11 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
                         "and stop as preempted, queued ones wait); the same command resumes, "
                         "here or on another machine (default: no limit; on SLURM: --time)")
     g.add_argument("--drain-after", type=float, metavar="MIN",
-                   help="local: after MIN minutes start no new run; the running ones finish "
-                        "(for a machine that will not keep their checkpoints); the same command "
-                        "later runs the rest (default: no limit)")
+                   help="local: after MIN minutes start no new run; the running ones go on "
+                        "to their end however long they take (for a machine that will not keep "
+                        "their checkpoints: MIN = the slot less the longest run, or add "
+                        "--stop-after as the hard limit); exit 75 if runs were left, and the "
+                        "same command later runs them (default: no limit)")
     g.add_argument("--runs-per-gpu", type=int, metavar="K",
                    help="local: up to K runs share each GPU, each its own process with a share "
                         "of the CPU threads (set --jobs to K x GPUs; default 1)")

@@ -362,7 +362,10 @@ def values_data(tmp_path, gaps: dict[tuple[str, int], float], same_noise: bool =
                     for s in range(3)]
             out.append((f"{inp} {8 // per_rank}x{per_rank}",
                         {"input": inp, "per_rank": per_rank}, runs))
-    return runs_data(tmp_path, out, epochs=10)
+    d = runs_data(tmp_path, out, epochs=10)
+    for c in d.cells:  # the values spec's rate, as its real cells carry it
+        c.cell.cfg["optim"] = {"lr": 0.00625}
+    return d
 
 
 def cell_of(d: RunsData, inp: str, per_rank: int) -> CellResult:
@@ -452,6 +455,8 @@ def test_divergence_breaks_a_cell_but_a_diverged_reference_leaves_its_cells_uncl
     ref.runs[0] = values_run(tmp_path / "dr" / "s0", 0.0, 0, 512, status="diverged")
     m = values.measure(d, cell_of(d, "resnet20", 2))
     assert m["state"] == "unclear" and m["why"] == "its reference diverged"
+    assert m["jstate"] == "untestable"  # its control failed: the input's jitter is not read
+    assert "1 of 3 seeds diverged" in values.control(ref).why
 
 
 def test_a_run_without_value_counts_is_unclear_not_a_crash(tmp_path):
@@ -487,7 +492,14 @@ def test_the_jitter_is_read_only_where_the_reference_is_steady(tmp_path):
     assert m["jstate"] == "untestable" and m["state"] in ("holds", "unclear")
     answer = values.governs(d, "jstate")[0]
     assert answer.endswith("(reference not steady, left out: resnet20)"), answer
-    assert "resnet20's 1 x 8 reference at lr" in values.render(d)
+    assert "resnet20's 1 x 8 reference at lr 0.00625: jitter" in values.render(d)
+    # The control comes first: a cell that diverged on a seed is still untestable there, and
+    # the input stays left out (found in review: it was "unclear", and the answer undecided).
+    two = cell_of(d, "resnet20", 2)
+    two.runs[1] = values_run(tmp_path / "u2" / "s1", 0.0, 1, 128, status="diverged")
+    assert values.measure(d, two)["jstate"] == "untestable"
+    assert values.governs(d, "jstate")[0].endswith("left out: resnet20)")
+    values.plot(d, tmp_path / "v.png")  # drawn grey, hollow, not read
     for inp, (area, _) in LAYOUTS.items():
         cell_of(d, inp, 8).runs = [values_run(tmp_path / "u" / inp / f"s{s}", 0.0, s, 8 * area,
                                               noise=4.0) for s in range(3)]

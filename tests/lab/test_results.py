@@ -70,6 +70,12 @@ def test_a_table_names_each_cells_devices_and_the_cells_that_mix_them(tmp_path):
     mixed = provenance(collect(spec, "t", tmp_path), "t", tmp_path)
     assert "device cpu, cuda:0;" in mixed
     assert f"- Devices by cell: {a.label}: cpu, cuda:0 (mixed); {b.label}: cpu" in mixed
+    # runs on two machines: each named with how many of the runs trained on it
+    for cell, seed, m in ((a, 0, "cpu A"), (a, 1, "cpu B"), (b, 0, "cpu A")):
+        f = tmp_path / "t" / cell.key / f"seed{seed}" / "run.json"
+        f.write_text(json.dumps({**json.loads(f.read_text()), "machine": m}))
+    two = provenance(collect(spec, "t", tmp_path), "t", tmp_path)
+    assert "cpu A (2 runs); cpu B (1 run)" in two.split("- Machine: ")[1].split("\n")[0]
     # the commit of each resume is named beside the runs' own (found in review: left out)
     from bnlab.rundir import git_commit
     commits = mixed.split("- Commit(s), at each start and resume: ")[1].split("\n")[0]

@@ -339,6 +339,10 @@ def test_a_sweep_refuses_a_dirty_working_tree_unless_allowed(tmp_path, monkeypat
         launcher="local", allow_dirty=True, stop_after=None, drain_after=None, runs_per_gpu=None,
         **dict.fromkeys(sweep_module.SLURM_ONLY))) == \
         {"launcher": "local", "allow_dirty": True}
+    assert sweep_module.launcher_kwargs(sweep_module.argparse.Namespace(
+        launcher="local", allow_dirty=False, stop_after=90.0, drain_after=60.0, runs_per_gpu=None,
+        **dict.fromkeys(sweep_module.SLURM_ONLY))) == \
+        {"launcher": "local", "stop_after": 90.0, "drain_after": 60.0}
 
 
 def test_the_progress_bar_counts_epochs_from_the_runs_logs(tmp_path):
@@ -415,6 +419,9 @@ def test_a_draining_sweep_lets_its_running_runs_finish_and_starts_no_more(tmp_pa
     assert started[0].polls == 2 and started[0].signals == []  # it ran on past the limit
     assert local.run_local(todo[1:], runs[1:], tmp_path / "submitit", 1, 0, "tiny",
                            drain_after=1.0) == {"completed": 1}  # the same command: the rest
+    from bnlab.lab.sweep import outcome  # runs left: the sweep says so, exit 75
+
+    assert outcome(counts, 1.0) == 75 and outcome({"completed": 1}, 1.0) == 0
 
 
 @pytest.mark.parametrize("args, said", [
