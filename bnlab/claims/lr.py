@@ -310,7 +310,14 @@ def c4(d: RunsData) -> Verdict:
 
 
 def verdicts(d: RunsData) -> list[Verdict]:
-    return [c1(d), c3(d), c4(d)]
+    vs = [c1(d), c3(d), c4(d)]
+    lr = settled_rate(d)  # no seed still to come changes C1's rate...
+    c1_final = lr is not None and table.complete(cell(d, "bn", lr), cell(d, "syncbn", lr)) \
+        and vs[0].verdict != "not run yet"  # ...nor its cells there
+    vs[0].final = vs[1].final = c1_final
+    vs[2].final = c1_final and vs[2].verdict != "not run yet" and (
+        vs[0].verdict not in ("reproduced", "partly") or table.complete(*d.cells))
+    return vs
 
 
 # ----------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from bnlab.lab.readme import HEADLINE
 from bnlab.lab.results import Run, fmt
 from bnlab.lab.spec import spec_from
 from bnlab.lab.sweep import outcome, sweep
+from bnlab.lab.table import Verdict
 from bnlab.paths import CONFIGS
 
 NORMS = ("bn", "syncbn", "gn")
@@ -139,8 +140,9 @@ def found() -> list[str]:
     experiments/runs (experiments/headline.json); none where it is missing or unreadable."""
     try:
         h = json.loads(HEADLINE.read_text())
-        mark = " (preliminary: sweeps still running)" if h["preliminary"] else ""
-        lines = [f"- {v['claim']} ({v['claimed']}): **{v['verdict']}**: {v['ours']}"
+        mark = " (sweeps still running)" if h["preliminary"] else ""
+        lines = [f"- {v['claim']} ({v['claimed']}): **{v['verdict']}"
+                 f"{Verdict(**v, command='', why='').mark(h['preliminary'])}**: {v['ours']}"
                  for v in h["verdicts"] if v["claim"] == "C1"] + \
             [f"- {f}" for f in h["findings"]]
     except (OSError, ValueError, KeyError, TypeError):

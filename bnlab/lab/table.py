@@ -37,10 +37,22 @@ class Verdict:
     verdict: str       # reproduced | partly | not reproduced | not run yet
     why: str
     glance: str = ""   # `ours` in a few words, for the project README's first screen
+    final: bool = False  # no seed still to come can change it (else preliminary while a sweep
+    # that the tables call for is unfinished)
 
     @property
     def short(self) -> str:
         return self.glance or self.ours
+
+    def mark(self, sweeping: bool) -> str:
+        """' (preliminary)' while a sweep goes on and seeds still to come could change it."""
+        return " (preliminary)" if sweeping and not self.final and \
+            self.verdict != "not run yet" else ""
+
+
+def complete(*cells) -> bool:
+    """Every seed the spec asks of each cell has ended (completed or diverged)."""
+    return all(c is not None and len(c.runs) >= c.expected for c in cells)
 
 
 def claim_order(v: Verdict) -> tuple[str, int]:

@@ -90,12 +90,15 @@ def test_c1_is_ruled_at_the_nearest_steady_rate_while_a_farther_rate_has_not_run
     d.cells += queued(0.1)
     assert lr.ruling_rate(d)[0] == 0.003125
     assert lr.c1(d).verdict == "not reproduced"
+    # lr 0.1 cannot move it (farther), so C1, C3 and C4 (no effect to survive) are final
+    assert [v.final for v in lr.verdicts(d)] == [True, True, True]
     # the unfinished rate nearer than any steady one: C1 waits for it
     noise[("syncbn", 0.003125)] = 6.0
     d = lr_data(tmp_path / "wait", noise)
     d.cells += queued(0.1)
     rate, why, _ = lr.ruling_rate(d)
     assert rate is None and "lr 0.1" in why and lr.c1(d).verdict == "not run yet"
+    assert not any(v.final for v in lr.verdicts(d))
     g = lr.c1(d).glance  # every rate passed over, then the one it waits for
     assert g.startswith("syncbn itself not steady: ") and "x its floor at lr 0.0125, " in g
     assert "x its floor at lr 0.003125; lr 0.1 still to come" in g
@@ -251,6 +254,9 @@ def test_c6_and_c9_are_ruled_on_the_fixes_spec_s_cells_where_their_control_is_st
     c6, c9 = fixes.c6(d), fixes.c9(d)
     assert c6.verdict == "reproduced" and c6.glance.startswith("jitter frozen BN")
     assert c9.verdict in ("reproduced", "partly") and "against syncbn" in c9.glance
+    assert all(v.final for v in fixes.verdicts(d))  # every cell has all its seeds
+    d.cells[-1].runs.pop()  # a seed of the last cell still to come: none is final
+    assert not any(v.final for v in fixes.verdicts(d))
     d = fixes_data(tmp_path / "unsteady", {"syncbn": 6.0})
     for v in (fixes.c6(d), fixes.c9(d)):
         assert v.verdict == "untestable" and v.glance.startswith("no steady control: syncbn")

@@ -94,6 +94,9 @@ def test_the_headline_block_opens_the_readme_and_is_replaced_in_place(tmp_path):
     write_headline(readme, ["experiments/x/x.png"], vs[:1], "")
     assert readme.read_text().count("headline:begin") == 1 and "C6" not in readme.read_text()
     assert "| C1 | bn ±10 | bn 3.5, syncbn 4.3 | **not reproduced** |" in readme.read_text()
+    vs[0].final = True  # no seed still to come can change it: not preliminary, sweep or not
+    write_headline(readme, ["experiments/x/x.png"], vs, "**Preliminary:** 2 of 4. ")
+    assert "| C1 | bn ±10 | bn 3.5, syncbn 4.3 | **not reproduced** |" in readme.read_text()
 
 
 def test_the_headline_is_refused_where_its_markers_are_missing(tmp_path):
