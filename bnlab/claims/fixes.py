@@ -276,8 +276,9 @@ def c9(d: RunsData) -> Verdict:
     gap = end_acc(others["syncbn"]) - end_acc(gn)
     close = abs(gap) <= 5
     ours = (f"von Neumann sd {gn.cell.label} {gn.jstat('vn_sd').fmt(2)}; lowest of "
-            f"{', '.join(others)} {lowest:.2f}; gn above another p >= "
-            f"{min(above.values()):.3f}, below bn p = {fmt(below_bn, 3)}; last epoch's val acc "
+            f"{', '.join(others)} {lowest:.2f}; gn above "
+            + ", ".join(f"{f} p = {fmt(p, 3)}" for f, p in above.items())
+            + f"; below bn p = {fmt(below_bn, 3)}; last epoch's val acc "
             f"{-gap:+.1f} points against syncbn; {why}")
     v = "reproduced" if steadiest and close else "partly" if steadiest or close else \
         "not reproduced"
