@@ -350,5 +350,21 @@ def plot(d: RunsData, path: Path) -> None:
          empty=not any(c.runs for c in d.cells))
 
 
+def finding(d: RunsData) -> str:
+    """The fixes side by side in a line for the README's first screen, the most accurate first:
+    what a practitioner choosing one reads (the verdicts say what the claims said of them)."""
+    cells = [c for c in d.cells if vals(c, "plateau_acc")]
+    if not cells:
+        return "The fixes at 4 x 2: runs still to come"
+    cells.sort(key=lambda c: -mean(vals(c, "plateau_acc")))
+    lr = d.cells[0].cell.meta.get("lr")
+    return (f"The fixes at 4 x 2{f', lr {lr:g}' if lr else ''} (plateau acc, jitter): "
+            + "; ".join(
+        f"{c.cell.label} {mean(vals(c, 'plateau_acc')):.1f}%, {fmt(mean(vals(c)), 2)} pts"
+        + (" after each recalibration" if c.cell.meta.get("fix") in KIND else "")
+        + ("" if len(c.runs) >= c.expected else f" ({len(c.runs)} of {c.expected} seeds)")
+        for c in cells))
+
+
 TABLE = table.Table("fixes", ("C6", "C8", "C9"), table.runs_data, render, verdicts, plot,
-                    block="settled")
+                    block="settled", finding=finding)

@@ -88,7 +88,7 @@ class Table:
     target: str = ""     # default: table-<name>
     spec: Path | None = None  # the sweep it trains; default: experiments/<name>/sweep.yaml
     headline: str = ""   # a figure (experiments/<name>/...): its block also opens README.md
-    finding: Callable[[Any], str] | None = None  # a table with no claim: its answer in a line
+    finding: Callable[[Any], str] | None = None  # its answer in a line, under the README's verdicts
 
     @property
     def make(self) -> str:

@@ -4,6 +4,8 @@ governs BN's collapse."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -216,6 +218,8 @@ def test_c8_pairs_each_recalibration_with_the_running_statistics_just_before_it(
     # its jitter reads the evaluations just after each recalibration (10 on the plateau)
     pb = fixes.cell(d, "precise")
     assert len(fixes.vals(pb)) == 5 and runs[0].jitter(20, "recal")["n_evals"] == 10
+    assert "bn + PreciseBN 61." in fixes.finding(d) and \
+        fixes.finding(d).endswith("pts after each recalibration")  # its accuracy read there too
 
 
 def test_c8_needs_the_seeds_to_separate_the_gain_from_zero(tmp_path):
@@ -255,6 +259,10 @@ def test_c6_and_c9_are_ruled_on_the_fixes_spec_s_cells_where_their_control_is_st
     assert c6.verdict == "reproduced" and c6.glance.startswith("jitter frozen BN")
     assert c9.verdict in ("reproduced", "partly") and "against syncbn" in c9.glance
     assert all(v.final for v in fixes.verdicts(d))  # every cell has all its seeds
+    line = fixes.finding(d)  # the README's line: the cells, the most accurate first (these
+    accs = [float(x) for x in re.findall(r" (\d+\.\d)%", line)]  # fakes' PreciseBN cell has
+    assert len(accs) == 4 and accs == sorted(accs, reverse=True), line  # no recalibrations)
+    assert line.startswith("The fixes at 4 x 2, lr 0.0015625") and "seeds)" not in line
     d.cells[-1].runs.pop()  # a seed of the last cell still to come: none is final
     assert not any(v.final for v in fixes.verdicts(d))
     d = fixes_data(tmp_path / "unsteady", {"syncbn": 6.0})
