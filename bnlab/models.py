@@ -5,17 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch.nn as nn
-import torchvision
 
 
 def resnet18(num_classes: int = 10) -> nn.Module:
     """torchvision's ResNet-18 unchanged (7x7/2 stem + max-pool), as in the reports."""
+    import torchvision  # here, not above: importing it costs every process seconds (its ops
+    # import torch._dynamo), and resnet20, the planner and refused input never need it
+
     return torchvision.models.resnet18(weights=None, num_classes=num_classes)
 
 
 def resnet18_cifar(num_classes: int = 10) -> nn.Module:
     """ResNet-18 with a 3x3 stride-1 stem and no max-pool: the usual CIFAR adaptation."""
-    m = torchvision.models.resnet18(weights=None, num_classes=num_classes)
+    m = resnet18(num_classes)
     m.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
     m.maxpool = nn.Identity()
     return m
