@@ -138,8 +138,11 @@ def parse_input(text: str) -> tuple[int, ...]:
 
 
 def _norm_layers(model: nn.Module) -> dict[nn.Module, str]:
-    from torchvision.ops.misc import FrozenBatchNorm2d
-    kinds = (_BatchNorm, nn.GroupNorm, nn.LayerNorm, _InstanceNorm, FrozenBatchNorm2d)
+    # torchvision's FrozenBatchNorm2d too, where it is imported: a model that holds one has
+    # imported it, and importing torchvision costs seconds (its ops import torch._dynamo)
+    misc = sys.modules.get("torchvision.ops.misc")
+    frozen = (misc.FrozenBatchNorm2d,) if misc is not None else ()
+    kinds = (_BatchNorm, nn.GroupNorm, nn.LayerNorm, _InstanceNorm, *frozen)
     return {m: n for n, m in model.named_modules() if isinstance(m, kinds)}
 
 

@@ -134,6 +134,22 @@ def test_python_m_bnlab_doctor_runs_as_a_command(tmp_path):
                        text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert "No layer at risk" in r.stdout
+    # resnet20 (and the trainer's warning, which measures it the same way) never imports
+    # torchvision: its ops import torch._dynamo, seconds in every process
+    code = ("import sys; from bnlab.__main__ import main; main(['doctor', '--model', "
+            "'bnlab:resnet20', '--world', '4']); print('torchvision' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.stdout.strip().endswith("False"), r.stdout[-300:] + r.stderr[-300:]
+
+
+def test_torchvisions_frozen_batchnorm_is_a_norm_layer():
+    import torch.nn as nn
+    from torchvision.ops.misc import FrozenBatchNorm2d
+
+    from bnlab.doctor import _norm_layers
+
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), FrozenBatchNorm2d(4))
+    assert list(_norm_layers(m).values()) == ["1"]
 
 
 def test_layers_outside_batch_statistics_are_listed_not_flagged(capsys, factory_dir):
