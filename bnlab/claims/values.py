@@ -19,10 +19,10 @@ Every cell runs the settled headline protocol (configs/experiment/headline.yaml)
 10 epochs for every cell (the budget: the 64 px cells cost about 4 times the 32 px ones), the
 plateau its second half, 3 seeds. Writes experiments/values/{table.md, values.png}.
 
-The rules, written before these runs (experiments/README.md names the commit; the version
-before this one, also before any values run, judged a cell "holds" on its mean alone and read
-only the 2-image cells: a review found it could call noise a hold and recommend a threshold that
-flags holding cells):
+The rules, written before these runs, in their third version (experiments/README.md names the
+commits; all three came before any values run: the first judged a cell "holds" on its mean
+alone and read only the 2-image cells, which a review found could call noise a hold and
+recommend a threshold that flags holding cells; the third added the jitter's control check):
 
 - A cell's *gap* is its reference's plateau accuracy minus its own, paired on the seed (the
   same initial weights and data order), with a 95% t interval over the seeds both finished
