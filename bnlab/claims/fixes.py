@@ -289,9 +289,9 @@ def c9(d: RunsData) -> Verdict:
 
 
 def verdicts(d: RunsData) -> list[Verdict]:
-    vs = [c6(d), c8(d), c9(d)]
+    vs, done = [c6(d), c8(d), c9(d)], table.complete(*d.cells)
     for v in vs:  # each reads these cells alone (bn and syncbn at C1's settled rate among them)
-        v.final = table.complete(*d.cells) and v.verdict != "not run yet"
+        v.final = done and v.verdict != "not run yet"
     return vs
 
 
