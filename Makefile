@@ -98,7 +98,7 @@ table-rankstats: install ## C7: ranks' running statistics, buffer sync on/off ->
 table-sync: install ## C12: bn vs syncbn vs naive sync, skewed ranks, bias and cost -> experiments/sync/
 	$(CLAIMS) sync
 
-table-precisebn: install ## L2 C8: PreciseBN estimator, pooling, samples, batch -> experiments/precisebn/
+table-precisebn: install ## L2 (C8's gain on final checkpoints, shown): PreciseBN estimator, pooling, samples, batch -> experiments/precisebn/
 	$(CLAIMS) precisebn
 
 table-pitfalls: install ## C11: SyncBN conversion/launch pitfalls, measured -> experiments/pitfalls/

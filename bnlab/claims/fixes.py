@@ -59,7 +59,16 @@ import numpy as np
 from bnlab.claims import lr as lrtable
 from bnlab.jitter import on_plateau
 from bnlab.lab import page, table
-from bnlab.lab.analysis import NO_LEARNING, SEPARATED, Stat, finite, p_above, p_positive
+from bnlab.lab.analysis import (
+    NO_LEARNING,
+    SEPARATED,
+    Stat,
+    finite,
+    mean_interval,
+    p_above,
+    p_positive,
+    ratio_interval,
+)
 from bnlab.lab.figures import band, legend, plt, precise_points, save
 from bnlab.lab.results import CellResult, Run, fmt, gains
 from bnlab.lab.table import RunsData, Verdict
@@ -74,6 +83,13 @@ FIXES = ("bn", "syncbn", "precise", "gn", "frozen_bn")
 C9_OTHERS = ("bn", "syncbn", "frozen_bn")
 KIND = {"precise": "recal"}  # which evaluations a cell's jitter reads (Run.jitter's kind)
 RUNS_TO_COME = lrtable.RUNS_TO_COME
+# Said in every verdict of this table: where its rate and its cells' settings came from
+SETTING = (" Setting: these cells run at the rate C1 is ruled at, not at the pilot's chosen rate "
+           "that the spec first named: the spec moved before any PreciseBN, gn or frozen BN "
+           "run, once table-lr showed syncbn not steady at the chosen rate (there C6 and C9 "
+           "would be untestable by these rules); gn's group count and the freeze point were "
+           "chosen by the pilot at its chosen rate and not chosen again at this one "
+           "(experiments/fixes/sweep.yaml says when).")
 
 
 def cell(d: RunsData, fix: str) -> CellResult | None:
@@ -155,7 +171,8 @@ def c6(d: RunsData) -> Verdict:
             "reproduced; separated: partly; else not reproduced (indistinguishable); a cell "
             f"below {LEARNED:g}% on the plateau or with fewer than {MIN_SEEDS} seeds left: "
             "untestable. (Changed before any frozen BN run, after review: the first version "
-            "compared raw jitters, halving which lands under the floor, and did not check bn.)")
+            "compared raw jitters, halving which lands under the floor, and did not check bn.)"
+            + SETTING)
     v, why, glance = jitter_rule(d, "bn", "frozen_bn")
     bn, fr = cell(d, "bn"), cell(d, "frozen_bn")
     if v is not None:
@@ -165,8 +182,11 @@ def c6(d: RunsData) -> Verdict:
     floor = mean(vals(bn, "churn_floor"))
     over = mean(a) / floor if floor else 0.0  # no floor: no way to tell jitter from noise
     xa, xb = excess(bn), excess(fr)
+    lo, hi = ratio_interval(a, b)
     ours = (f"von Neumann sd bn {bn.jstat('vn_sd').fmt(2)} ({over:.1f}x its floor), "
-            f"{fr.cell.label} {fr.jstat('vn_sd').fmt(2)} (p = {fmt(p, 3)}); above the floor "
+            f"{fr.cell.label} {fr.jstat('vn_sd').fmt(2)}: bn / frozen BN "
+            f"{mean(a) / max(mean(b), 1e-9):.2f}x (95% interval {fmt(lo, 2)} to {fmt(hi, 2)}), "
+            f"p = {fmt(p, 3)}; above the floor "
             f"{fmt(xa, 2)} vs {fmt(xb, 2)}; plateau acc {bn.jstat('plateau_acc').fmt(1)} vs "
             f"{fr.jstat('plateau_acc').fmt(1)}; {why}")
     if over < FLOOR_RATIO:
@@ -207,7 +227,7 @@ def c8(d: RunsData) -> Verdict:
             "untestable. (Changed before any "
             "PreciseBN run, after review; the first version said partly for up on average "
             "and in most seeds, with no test. The decomposition of bn, a close measure shown "
-            "beside it, had been seen at two rates before the change.)")
+            "beside it, had been seen at two rates before the change.)" + SETTING)
     pb = cell(d, "precise")
     if why := waiting(pb):
         return Verdict("C8", "make table-fixes", "PreciseBN improves val acc", why,
@@ -218,12 +238,14 @@ def c8(d: RunsData) -> Verdict:
         return Verdict("C8", "make table-fixes", "PreciseBN improves val acc", why,
                        "untestable", rule, why)
     s, up, p = Stat.of(g), sum(x > 0 for x in g), p_positive(g)
+    lo, hi = mean_interval(g)
     side = "; ".join(f"decomposition of {c.cell.label} (PreciseBN statistics of 2,048 images "
                      f"on the same weights at each plateau epoch end): "
                      f"{Stat.of(gains(c)).fmt(2)} points"
                      for c in (cell(d, "bn"), cell(d, "syncbn")) if c is not None and gains(c))
     ours = (f"after each recalibration vs the running statistics just before it: {s.mean:+.2f} "
-            f"± {s.std:.2f} points, up in {up} of {len(g)} seeds "
+            f"± {s.std:.2f} points (95% interval {fmt(lo, 2)} to {fmt(hi, 2)}), up in {up} of "
+            f"{len(g)} seeds "
             f"({', '.join(f'{x:+.2f}' for x in g)}; sign-flip p = {fmt(p, 3)})"
             + (f"; {side}" if side else ""))
     v = "not reproduced" if p > SEPARATED else "reproduced" if s.mean >= 1 else "partly"
@@ -254,7 +276,7 @@ def c9(d: RunsData) -> Verdict:
             "after review: the first version needed every fix's cell, compared with cells "
             "that did not learn and with PreciseBN's sparser evaluations, and judged close on "
             "the plateau's mean, which counts the slower convergence the claim allows against "
-            "gn.)")
+            "gn.)" + SETTING)
     v, why, glance = jitter_rule(d, "bn", "syncbn", "gn")
     if v is not None:
         return Verdict("C9", "make table-fixes", "GN steadiest, close to SyncBN", why, v, rule,
@@ -271,12 +293,16 @@ def c9(d: RunsData) -> Verdict:
     above = {f: p_above(vals(gn), vals(c)) for f, c in others.items()}
     below_bn = p_above(vals(others["bn"]), vals(gn))
     lowest = min(mean(vals(c)) for c in others.values())
+    low = min(others.values(), key=lambda c: mean(vals(c)))
+    lo, hi = ratio_interval(vals(gn), vals(low))
     steadiest = all(p > SEPARATED for p in above.values()) and below_bn <= SEPARATED and \
         mean(vals(gn)) <= STEADIEST * lowest
     gap = end_acc(others["syncbn"]) - end_acc(gn)
     close = abs(gap) <= 5
     ours = (f"von Neumann sd {gn.cell.label} {gn.jstat('vn_sd').fmt(2)}; lowest of "
-            f"{', '.join(others)} {lowest:.2f}; gn above "
+            f"{', '.join(others)} {lowest:.2f} ({low.cell.label}): gn / {low.cell.label} "
+            f"{mean(vals(gn)) / max(lowest, 1e-9):.2f}x (95% interval {fmt(lo, 2)} to "
+            f"{fmt(hi, 2)}); gn above "
             + ", ".join(f"{f} p = {fmt(p, 3)}" for f, p in above.items())
             + f"; below bn p = {fmt(below_bn, 3)}; last epoch's val acc "
             f"{-gap:+.1f} points against syncbn; {why}")
@@ -361,7 +387,8 @@ def finding(d: RunsData) -> str:
     return (f"The fixes at 4 x 2{f', lr {lr:g}' if lr else ''} (plateau acc, jitter): "
             + "; ".join(
         f"{c.cell.label} {mean(vals(c, 'plateau_acc')):.1f}%, {fmt(mean(vals(c)), 2)} pts"
-        + (" after each recalibration" if c.cell.meta.get("fix") in KIND else "")
+        + (" over its 10 evaluations just after each recalibration (the others' over 100: "
+           "not comparable)" if c.cell.meta.get("fix") in KIND else "")
         + ("" if len(c.runs) >= c.expected else f" ({len(c.runs)} of {c.expected} seeds)")
         for c in cells))
 

@@ -52,7 +52,9 @@ the six cell means and sets a_bn / a_syncbn beside the 4 predicted.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -213,6 +215,24 @@ RULE_C1 = (f"Control check: syncbn must learn and its plateau jitter be at most 
            "jitters with a 95% bootstrap interval over seeds.")
 
 
+def without_added(d: RunsData) -> RunsData:
+    """The table as its spec first stood: without the rates added after some runs were seen."""
+    return dataclasses.replace(d, cells=[c for c in d.cells if not c.cell.meta.get("added_later")])
+
+
+def disclosure(d: RunsData, lr: float | None) -> str:
+    """Where C1 is ruled at a rate added to the spec after other rates' runs were seen: that,
+    and what the rule gives on the spec's first rates alone (empty elsewhere)."""
+    c = cell(d, "syncbn", lr) if lr is not None else None
+    if c is None or not c.cell.meta.get("added_later"):
+        return ""
+    first = ", ".join(f"{r:g}" for r in rates(without_added(d)))
+    return (f" Disclosed: lr {lr:g} was added to the spec after some runs at other rates had "
+            f"been seen (before any of its own; experiments/lr/sweep.yaml says when and why); "
+            f"on the spec's first rates alone ({first}) this rule gives: "
+            f"{c1_parts(without_added(d))[0]}.")
+
+
 def c1_parts(d: RunsData) -> tuple[str, str, str, str]:
     """(verdict, ours, why, ours in a few words) of C1 on this protocol."""
     lr, why, read = ruling_rate(d)
@@ -242,7 +262,7 @@ def c1_parts(d: RunsData) -> tuple[str, str, str, str]:
     glance = (f"at lr {lr:g} (control steady): jitter bn {mean(vals(bn)):.2f} "
               f"vs syncbn {mean(vals(cell(d, 'syncbn', lr))):.2f} pts, {c['ratio']:.2f}x (95% CI "
               f"{fmt(c['lo'], 2)} to {fmt(c['hi'], 2)})" + note)
-    return v, f"{c['text']}{note}; {why}", RULE_C1, glance
+    return v, f"{c['text']}{note}; {why}", RULE_C1 + disclosure(d, lr), glance
 
 
 def c1(d: RunsData) -> Verdict:
@@ -256,7 +276,8 @@ def c3(d: RunsData) -> Verdict:
                    "the same cells as C1: " + ours, v,
                    "1 rank x 8 with bn computes exactly what syncbn at 4 ranks x 2 computes (the "
                    "same 8 images normalized together, the same steps; tests/test_simulate.py), "
-                   "so C3 is C1's contrast and gets C1's verdict by C1's rule.",
+                   "so C3 is C1's contrast and gets C1's verdict by C1's rule."
+                   + disclosure(d, ruling_rate(d)[0]),
                    "C1's cells (1x8 bn computes what syncbn 4x2 does): " + glance)
 
 
@@ -357,11 +378,17 @@ def predicted_rates(d: RunsData) -> list[float]:
 def predictions(d: RunsData) -> list[str]:
     """P1-P3 against the measurements, one line each (or why not yet), judged at the rates the
     prediction was written for; a rate added later gets its own line, judged by nothing."""
+    return judged(d)[0]
+
+
+def judged(d: RunsData) -> tuple[list[str], dict[str, str]]:
+    """predictions' lines, and each of P1-P3's outcome (agrees, disagrees; absent until it is
+    checked) with P1's measured ratio under "P1 ratio"."""
     done = [lr for lr in rates(d) if all(len(parts(cell(d, n, lr), "statistics")) >= MIN_SEEDS
                                           for n in NORMS)]
     rs = [lr for lr in done if lr in predicted_rates(d)]
     if len(rs) < 2:
-        return ["- The prediction is checked once two rates have both cells' seeds."]
+        return ["- The prediction is checked once two rates have both cells' seeds."], {}
     ratio = {lr: mean(parts(cell(d, "bn", lr), "statistics"))
              / max(mean(parts(cell(d, "syncbn", lr), "statistics")), 1e-9) for lr in done}
     sb = {lr: mean(parts(cell(d, "syncbn", lr), "statistics")) for lr in done}
@@ -374,17 +401,22 @@ def predictions(d: RunsData) -> list[str]:
         f"; lr {', '.join(f'{lr:g}' for lr in spent)}: too few seeds left after divergence"
         if spent else ""])
     so_far = f" ({so_far[2:]})" if so_far else ""
-    p1 = (f"{ratio[lowest]:.2f}x: {'agrees' if ratio[lowest] >= 2 else 'disagrees'}."
+    marks = {"P2": "agrees" if ratio[hi] < ratio[lo] else "disagrees",
+             "P3": "agrees" if sb[hi] > sb[lo] else "disagrees"}
+    if lowest in rs:
+        marks.update({"P1": "agrees" if ratio[lowest] >= 2 else "disagrees",
+                      "P1 ratio": f"{ratio[lowest]:.2f}x at {lowest:g}"})
+    p1 = (f"{ratio[lowest]:.2f}x: {marks['P1']}."
           if lowest in rs else "its seeds are still to come." if lowest in coming else
           "too few of its seeds left after divergence: not checked.")
     out = [f"- P1, bn's statistics part >= 2x syncbn's at the lowest rate ({lowest:g}; about 4x "
            f"predicted): {p1}",
            f"- P2, that ratio falls as the rate rises: "
            f"{', '.join(f'{ratio[lr]:.2f}x at {lr:g}' for lr in rs)}: "
-           f"{'agrees' if ratio[hi] < ratio[lo] else 'disagrees'}{so_far}.",
+           f"{marks['P2']}{so_far}.",
            f"- P3, syncbn's statistics part grows with the rate: "
            f"{', '.join(f'{sb[lr]:.2f} at {lr:g}' for lr in rs)} points²: "
-           f"{'agrees' if sb[hi] > sb[lo] else 'disagrees'}{so_far}."]
+           f"{marks['P3']}{so_far}."]
     out += fit_line(d, rs, "Fit S = a_norm + b lr²")
     late = [lr for lr in done if lr not in rs]
     if late:
@@ -392,7 +424,20 @@ def predictions(d: RunsData) -> list[str]:
                    + ", ".join(f"{lr:g}: bn / syncbn statistics part {ratio[lr]:.2f}x, syncbn's "
                                f"{sb[lr]:.2f} points²" for lr in late) + ".")
         out += fit_line(d, done, "The same fit with them")
-    return out
+    return out, marks
+
+
+def finding(d: RunsData) -> str:
+    """Why BN jitters, in a line for the README's first screen: the prediction written before
+    the runs, claim by claim, against what was measured."""
+    m = judged(d)[1]
+    if not m:
+        return "Why BN jitters (the prediction against table-lr): runs still to come"
+    p1 = (f"P1, bn's statistics part >= 2x syncbn's at the lowest rate: {m['P1 ratio']}, "
+          f"{m['P1']}" if "P1" in m else "P1: its seeds are still to come")
+    return (f"Why BN jitters (predicted from the EMA's sampling noise before the runs): {p1}; "
+            f"P2, that ratio falls as the rate rises: {m['P2']}; P3, syncbn's statistics part "
+            f"grows with the rate: {m['P3']}")
 
 
 def fit_line(d: RunsData, among: list[float], what: str) -> list[str]:
@@ -420,10 +465,42 @@ def row(c: CellResult) -> list[str]:
             Stat.of(we).fmt(2), share.fmt(0)]
 
 
+def eval_cost(d: RunsData) -> str:
+    """What evaluation costs a run of this table and what the sparse first half saved, from
+    the logs of the runs that trained in one launch (medians): wall time (sweep.json) less the
+    training steps' time and the decompositions' leaves the plain evaluations and start-up."""
+    got = []
+    for r in (r for c in d.cells for r in c.runs):
+        train = r.last("time/train_s")
+        if r.launches != 1 or not r.wall_s or r.diverged or train is None:
+            continue
+        dec = [x["time/decompose_s"] for x in r.rows if "time/decompose_s" in x]
+        evals = Counter(math.ceil(x["epoch"] - 1e-9) for x in r.rows if "val/acc" in x)
+        rest = r.wall_s - train - sum(dec)
+        skipped = sum(max(evals.values()) - n for n in evals.values())
+        got.append((r.wall_s, train, sum(dec), len(dec), rest, sum(evals.values()), skipped))
+    if not got:
+        return "Evaluation cost: no run trained in one launch yet."
+    wall, train, dec, ndec, rest, nev, skipped = (float(np.median(x))
+                                                  for x in zip(*got, strict=True))
+    each = rest / nev
+    dense = wall + skipped * each
+    return (f"Evaluation cost, from the logs of the {len(got)} runs that trained in one launch "
+            f"(medians; each beside another run): a run {wall / 60:.1f} min, its training steps "
+            f"{train / 60:.1f} min, its {ndec:.0f} decompositions {dec / 60:.1f} min, the rest "
+            f"{rest / 60:.1f} min (its {nev:.0f} plain evaluations and start-up: at most "
+            f"{each:.1f} s an evaluation). Evaluating only at epoch ends before the plateau "
+            f"skipped {skipped:.0f} evaluations a run, about {skipped * each / 60:.1f} min: "
+            f"{100 * skipped * each / dense:.0f}% of the {dense / 60:.1f} min a run evaluating "
+            "10 times an epoch throughout would take. Derived from the runs' logs after they "
+            "ran: the saving was not measured before the sweep started.")
+
+
 def render(d: RunsData) -> str:
     lines = [f"Chosen rate (experiments/pilot, on held-out data): **{chosen(d):g}**.", "",
              page.md_table(COLUMNS, [row(c) for lr in rates(d) for n in NORMS
                                       if (c := cell(d, n, lr)) is not None]), "",
+             eval_cost(d), "",
              "## Control check and contrast, rate by rate", ""]
     for lr in rates(d):
         ok, why, _ = steady(d, lr)
@@ -435,7 +512,8 @@ def render(d: RunsData) -> str:
               "Statistics part: the detrended variance of (val acc with the running statistics "
               "- val acc of the same weights with PreciseBN statistics); weights part: that of "
               "the PreciseBN series (bnlab.jitter.variance_split; twice their covariance makes "
-              "up the rest). On the plateau, the second half of training; mean ± sd over seeds. "
+              "up the rest, so a statistics share above 100% means the two co-vary negatively). "
+              "On the plateau, the second half of training; mean ± sd over seeds. "
               "The prediction and the rules are in bnlab/claims/lr.py, written before these "
               "runs.", ""]
     return table.runs_page(d, "\n".join(lines))
@@ -485,4 +563,4 @@ def plot(d: RunsData, path: Path) -> None:
 
 
 TABLE = table.Table("lr", ("C1", "C3", "C4"), table.runs_data, render, verdicts, plot,
-                    block="settled", headline="lr.png")
+                    block="settled", headline="lr.png", finding=finding)

@@ -39,6 +39,7 @@ class Run:
     info: dict = field(default_factory=dict)  # run.json
     wall_s: float | None = None               # sweep.json: all launches of the run
     seed: int | None = None
+    launches: int | None = None               # sweep.json: how many launches it took
     _jitter: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -51,7 +52,7 @@ class Run:
         sweep = json.loads((path / "sweep.json").read_text()) \
             if (path / "sweep.json").is_file() else {}
         return cls(path, read_status(path), read_jsonl(path / "metrics.jsonl"), info,
-                   sweep.get("wall_s"), seed)
+                   sweep.get("wall_s"), seed, sweep.get("launches"))
 
     @cached_property
     def cfg(self) -> dict:

@@ -79,6 +79,41 @@ def test_an_unsteady_chosen_rate_moves_c1_to_the_nearest_steady_rate(tmp_path):
     assert v.glance.startswith("no steady control: ") and "at lr 0.1" in v.glance
 
 
+def test_c1_at_a_rate_added_later_says_what_the_first_rates_alone_give(tmp_path):
+    noise = {("syncbn", 0.003125): 0.5, ("bn", 0.003125): 4.0, ("syncbn", 0.0125): 6.0,
+             ("bn", 0.0125): 6.0, ("syncbn", 0.1): 6.0, ("bn", 0.1): 6.0}
+    d = lr_data(tmp_path, noise)
+    assert "Disclosed" not in lr.c1(d).why  # every rate was in the spec from the start
+    for c in d.cells:
+        if c.cell.meta["lr"] == 0.003125:
+            c.cell.meta["added_later"] = True
+    v = lr.c1(d)
+    assert v.verdict == "reproduced" and "Disclosed: lr 0.003125 was added" in v.why
+    assert v.why.endswith("on the spec's first rates alone (0.0125, 0.1) this rule gives: "
+                          "untestable.")
+    assert "Disclosed: lr 0.003125" in lr.c3(d).why
+
+
+def test_the_evaluation_cost_is_read_from_runs_that_trained_in_one_launch(tmp_path):
+    from bnlab.lab.results import Run
+
+    # epochs 1 and 2 evaluate once (sparse), epoch 3 twice (dense): 2 evaluations skipped
+    rows = [{"epoch": e, "val/acc": 50.0} for e in (1.0, 2.0, 2.5)] + \
+        [{"epoch": 3.0, "val/acc": 50.0, "time/decompose_s": 10.0},
+         {"epoch": 3, "time/train_s": 40.0}]
+    rows[2]["time/decompose_s"] = 10.0
+    one = Run(tmp_path / "a", "completed", rows, {}, 100.0, 0, launches=1)
+    two = Run(tmp_path / "b", "completed", rows, {}, 900.0, 1, launches=2)  # not read
+    d = runs_data(tmp_path, [("bn lr 0.1", {"norm": "bn", "lr": 0.1}, [one, two])])
+    line = lr.eval_cost(d)
+    # the rest: 100 - 40 - 20 = 40 s over 4 evaluations; dense: 100 + 2 x 10 = 120 s
+    assert line.startswith("Evaluation cost, from the logs of the 1 runs that trained in one")
+    assert "its 2 decompositions 0.3 min" in line and "at most 10.0 s an evaluation" in line
+    assert "skipped 2 evaluations a run, about 0.3 min: 17% of the 2.0 min" in line
+    d = runs_data(tmp_path / "n", [("bn lr 0.1", {"norm": "bn", "lr": 0.1}, [two])])
+    assert lr.eval_cost(d) == "Evaluation cost: no run trained in one launch yet."
+
+
 def queued(rate: float, seeds: int = 5) -> list[CellResult]:
     """bn and syncbn cells at `rate` with no seed finished yet."""
     return [CellResult(Cell(f"{n} lr {rate:g}", [], list(range(seeds)), cfg={"epochs": 20},
@@ -189,6 +224,13 @@ def test_the_crossover_prediction_is_checked_against_the_split(tmp_path):
                            ("syncbn", 0.1): 0.5, ("bn", 0.1): 1.0})
     lines = lr.predictions(d)
     assert lines[0].startswith("- P1") and any(line.startswith("- Fit") for line in lines)
+    # the README's line says each part's outcome as the table's lines do
+    line, marks = lr.finding(d), lr.judged(d)[1]
+    for p, text in (("P1", lines[0]), ("P2", lines[1]), ("P3", lines[2])):
+        assert text.rstrip(".").endswith(marks[p]) or f": {marks[p]} (" in text
+        assert f"{p}, " in line and marks[p] in line.split(f"{p}, ")[1].split(";")[0]
+    lr.cell(d, "bn", 0.1).runs = []
+    assert lr.finding(d).endswith("runs still to come")
 
 
 def test_a_rate_added_after_the_prediction_is_shown_beside_it_not_judged_by_it(tmp_path):
@@ -215,11 +257,14 @@ def test_c8_pairs_each_recalibration_with_the_running_statistics_just_before_it(
     assert fixes.recalibration_gain(runs[0], 20) == pytest.approx(1.5)
     v = fixes.c8(d)
     assert v.verdict == "reproduced" and "up in 5 of 5 seeds" in v.ours and "p = 0.031" in v.ours
+    assert "+1.70 ± 0.16 points (95% interval 1.50 to 1.90)" in v.ours  # gains 1.5 to 1.9
+    assert "not chosen again at this one" in v.why  # where the rate and settings came from
     # its jitter reads the evaluations just after each recalibration (10 on the plateau)
     pb = fixes.cell(d, "precise")
     assert len(fixes.vals(pb)) == 5 and runs[0].jitter(20, "recal")["n_evals"] == 10
-    assert "bn + PreciseBN 61." in fixes.finding(d) and \
-        fixes.finding(d).endswith("pts after each recalibration")  # its accuracy read there too
+    line = fixes.finding(d)  # its accuracy read there too
+    assert "bn + PreciseBN 61." in line and \
+        line.endswith("after each recalibration (the others' over 100: not comparable)")
 
 
 def test_c8_needs_the_seeds_to_separate_the_gain_from_zero(tmp_path):
@@ -258,6 +303,7 @@ def test_c6_and_c9_are_ruled_on_the_fixes_spec_s_cells_where_their_control_is_st
     c6, c9 = fixes.c6(d), fixes.c9(d)
     assert c6.verdict == "reproduced" and c6.glance.startswith("jitter frozen BN")
     assert c9.verdict in ("reproduced", "partly") and "against syncbn" in c9.glance
+    assert re.search(r"\(\w+\): gn / \w+ [\d.]+x \(95% interval [\d.]+ to [\d.]+\)", c9.ours)
     assert all(v.final for v in fixes.verdicts(d))  # every cell has all its seeds
     line = fixes.finding(d)  # the README's line: the cells, the most accurate first (these
     accs = [float(x) for x in re.findall(r" (\d+\.\d)%", line)]  # fakes' PreciseBN cell has
@@ -279,7 +325,8 @@ def test_c6_asks_for_bn_jitter_above_its_floor_and_compares_what_lies_above_it(t
     d = fixes_data(tmp_path / "x", {"bn": 4.0, "frozen_bn": 1.2})
     bn, fr = fixes.cell(d, "bn"), fixes.cell(d, "frozen_bn")
     assert fixes.excess(fr) <= fixes.excess(bn) / 2
-    assert fixes.c6(d).verdict == "reproduced"
+    v = fixes.c6(d)
+    assert v.verdict == "reproduced" and "bn / frozen BN " in v.ours and "95% interval" in v.ours
 
 
 def test_rules_wait_for_every_seed_before_calling_a_cell_untestable(tmp_path):
