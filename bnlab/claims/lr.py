@@ -226,11 +226,21 @@ def disclosure(d: RunsData, lr: float | None) -> str:
     c = cell(d, "syncbn", lr) if lr is not None else None
     if c is None or not c.cell.meta.get("added_later"):
         return ""
-    first = ", ".join(f"{r:g}" for r in rates(without_added(d)))
+    first = without_added(d)
+    short = [f"{n} at lr {r:g}: {c.seeds_note()} seeds" for r in rates(first) for n in NORMS
+             if (c := cell(first, n, r)) is not None and len(c.runs) < c.expected]
     return (f" Disclosed: lr {lr:g} was added to the spec after some runs at other rates had "
-            f"been seen (before any of its own; experiments/lr/sweep.yaml says when and why); "
-            f"on the spec's first rates alone ({first}) this rule gives: "
-            f"{c1_parts(without_added(d))[0]}.")
+            "been seen, as a fallback should the quarter rate's control fail its check (before "
+            "any of its own runs; experiments/lr/sweep.yaml says when); on the spec's first "
+            f"rates alone ({', '.join(f'{r:g}' for r in rates(first))}) this rule gives: "
+            f"{c1_parts(first)[0]}" + (f" (so far: {'; '.join(short)})" if short else "") + ".")
+
+
+def added(d: RunsData, lr: float | None) -> str:
+    """The few words' note where C1 is ruled at a rate added later (empty elsewhere)."""
+    if not disclosure(d, lr):
+        return ""
+    return f" [a rate added later; the first rates alone: {c1_parts(without_added(d))[0]}]"
 
 
 def c1_parts(d: RunsData) -> tuple[str, str, str, str]:
@@ -262,7 +272,7 @@ def c1_parts(d: RunsData) -> tuple[str, str, str, str]:
     glance = (f"at lr {lr:g} (control steady): jitter bn {mean(vals(bn)):.2f} "
               f"vs syncbn {mean(vals(cell(d, 'syncbn', lr))):.2f} pts, {c['ratio']:.2f}x (95% CI "
               f"{fmt(c['lo'], 2)} to {fmt(c['hi'], 2)})" + note)
-    return v, f"{c['text']}{note}; {why}", RULE_C1 + disclosure(d, lr), glance
+    return v, f"{c['text']}{note}; {why}", RULE_C1 + disclosure(d, lr), glance + added(d, lr)
 
 
 def c1(d: RunsData) -> Verdict:
@@ -381,9 +391,9 @@ def predictions(d: RunsData) -> list[str]:
     return judged(d)[0]
 
 
-def judged(d: RunsData) -> tuple[list[str], dict[str, str]]:
-    """predictions' lines, and each of P1-P3's outcome (agrees, disagrees; absent until it is
-    checked) with P1's measured ratio under "P1 ratio"."""
+def judged(d: RunsData) -> tuple[list[str], dict]:
+    """predictions' lines, and each of P1-P3's outcome (agrees, disagrees; P1 absent until it
+    is checked) with the measurements they read and the rates they were judged at."""
     done = [lr for lr in rates(d) if all(len(parts(cell(d, n, lr), "statistics")) >= MIN_SEEDS
                                           for n in NORMS)]
     rs = [lr for lr in done if lr in predicted_rates(d)]
@@ -402,10 +412,12 @@ def judged(d: RunsData) -> tuple[list[str], dict[str, str]]:
         if spent else ""])
     so_far = f" ({so_far[2:]})" if so_far else ""
     marks = {"P2": "agrees" if ratio[hi] < ratio[lo] else "disagrees",
-             "P3": "agrees" if sb[hi] > sb[lo] else "disagrees"}
+             "P3": "agrees" if sb[hi] > sb[lo] else "disagrees",
+             "ratios": ", ".join(f"{ratio[lr]:.2f}x" for lr in rs),
+             "rates": ", ".join(f"{lr:g}" for lr in rs), "judged at": rs,
+             "syncbn": ", ".join(f"{sb[lr]:.2f}" for lr in rs), "so far": so_far}
     if lowest in rs:
-        marks.update({"P1": "agrees" if ratio[lowest] >= 2 else "disagrees",
-                      "P1 ratio": f"{ratio[lowest]:.2f}x at {lowest:g}"})
+        marks["P1"] = "agrees" if ratio[lowest] >= 2 else "disagrees"
     p1 = (f"{ratio[lowest]:.2f}x: {marks['P1']}."
           if lowest in rs else "its seeds are still to come." if lowest in coming else
           "too few of its seeds left after divergence: not checked.")
@@ -428,16 +440,24 @@ def judged(d: RunsData) -> tuple[list[str], dict[str, str]]:
 
 
 def finding(d: RunsData) -> str:
-    """Why BN jitters, in a line for the README's first screen: the prediction written before
-    the runs, claim by claim, against what was measured."""
+    """Why BN jitters, in a line for the README's first screen: what the prediction written
+    before the runs said, what was measured at the rates it was written for, and each part's
+    outcome."""
     m = judged(d)[1]
     if not m:
         return "Why BN jitters (the prediction against table-lr): runs still to come"
-    p1 = (f"P1, bn's statistics part >= 2x syncbn's at the lowest rate: {m['P1 ratio']}, "
-          f"{m['P1']}" if "P1" in m else "P1: its seeds are still to come")
-    return (f"Why BN jitters (predicted from the EMA's sampling noise before the runs): {p1}; "
-            f"P2, that ratio falls as the rate rises: {m['P2']}; P3, syncbn's statistics part "
-            f"grows with the rate: {m['P3']}")
+    rs = m["judged at"]
+    f = fit(d, rs)
+    rel = f"; fitted bn / syncbn floor {f['a_bn'] / f['a_syncbn']:.1f} (4 predicted)" \
+        if f and f["a_syncbn"] > 0 else ""
+    short = [f"{n} at lr {r:g}: {c.seeds_note()} seeds" for r in rs for n in NORMS
+             if (c := cell(d, n, r)) is not None and len(c.runs) < c.expected]
+    return (f"Why BN jitters: bn's statistics part is {m['ratios']} syncbn's at lr {m['rates']} "
+            f"(predicted from the EMA's sampling noise, before the runs: about 4x at the lowest, "
+            f"falling as the rate rises); syncbn's own is {m['syncbn']} points²{rel}: "
+            f"P1 (>= 2x at the lowest) {m.get('P1', 'still to come')}, P2 (falls) {m['P2']}, "
+            f"P3 (syncbn's grows) {m['P3']}{m['so far']}"
+            + (f" (so far: {'; '.join(short)})" if short else ""))
 
 
 def fit_line(d: RunsData, among: list[float], what: str) -> list[str]:
@@ -467,8 +487,9 @@ def row(c: CellResult) -> list[str]:
 
 def eval_cost(d: RunsData) -> str:
     """What evaluation costs a run of this table and what the sparse first half saved, from
-    the logs of the runs that trained in one launch (medians): wall time (sweep.json) less the
-    training steps' time and the decompositions' leaves the plain evaluations and start-up."""
+    the logs of the runs that trained in one launch (means over them, so the parts add up):
+    wall time (sweep.json) less the training steps' time and the decompositions' leaves the
+    plain evaluations with start-up and checkpoints, an upper bound on their cost."""
     got = []
     for r in (r for c in d.cells for r in c.runs):
         train = r.last("time/train_s")
@@ -478,22 +499,22 @@ def eval_cost(d: RunsData) -> str:
         evals = Counter(math.ceil(x["epoch"] - 1e-9) for x in r.rows if "val/acc" in x)
         rest = r.wall_s - train - sum(dec)
         skipped = sum(max(evals.values()) - n for n in evals.values())
-        got.append((r.wall_s, train, sum(dec), len(dec), rest, sum(evals.values()), skipped))
+        saved = skipped * rest / sum(evals.values())  # at most: rest holds start-up too
+        got.append((r.wall_s, train, sum(dec), len(dec), rest, sum(evals.values()), skipped,
+                    saved))
     if not got:
         return "Evaluation cost: no run trained in one launch yet."
-    wall, train, dec, ndec, rest, nev, skipped = (float(np.median(x))
-                                                  for x in zip(*got, strict=True))
-    each = rest / nev
-    dense = wall + skipped * each
+    wall, train, dec, ndec, rest, nev, skipped, saved = (float(np.mean(x))
+                                                         for x in zip(*got, strict=True))
     return (f"Evaluation cost, from the logs of the {len(got)} runs that trained in one launch "
-            f"(medians; each beside another run): a run {wall / 60:.1f} min, its training steps "
-            f"{train / 60:.1f} min, its {ndec:.0f} decompositions {dec / 60:.1f} min, the rest "
-            f"{rest / 60:.1f} min (its {nev:.0f} plain evaluations and start-up: at most "
-            f"{each:.1f} s an evaluation). Evaluating only at epoch ends before the plateau "
-            f"skipped {skipped:.0f} evaluations a run, about {skipped * each / 60:.1f} min: "
-            f"{100 * skipped * each / dense:.0f}% of the {dense / 60:.1f} min a run evaluating "
-            "10 times an epoch throughout would take. Derived from the runs' logs after they "
-            "ran: the saving was not measured before the sweep started.")
+            f"(means; each beside another run): a run {wall / 60:.1f} min = its training steps "
+            f"{train / 60:.1f} + its {ndec:.0f} decompositions {dec / 60:.1f} + the rest "
+            f"{rest / 60:.1f} min (its {nev:.0f} plain evaluations with start-up and checkpoints:"
+            f" at most {rest / nev:.1f} s an evaluation). Evaluating only at epoch ends before "
+            f"the plateau skipped {skipped:.0f} evaluations a run: at most {saved / 60:.1f} min, "
+            f"{100 * saved / (wall + saved):.0f}% of the {(wall + saved) / 60:.1f} min a run "
+            "evaluating 10 times an epoch throughout would take. Derived from the runs' logs "
+            "after they ran: the saving was not measured before the sweep started.")
 
 
 def render(d: RunsData) -> str:

@@ -92,6 +92,7 @@ def test_c1_at_a_rate_added_later_says_what_the_first_rates_alone_give(tmp_path)
     assert v.why.endswith("on the spec's first rates alone (0.0125, 0.1) this rule gives: "
                           "untestable.")
     assert "Disclosed: lr 0.003125" in lr.c3(d).why
+    assert v.glance.endswith("[a rate added later; the first rates alone: untestable]")
 
 
 def test_the_evaluation_cost_is_read_from_runs_that_trained_in_one_launch(tmp_path):
@@ -108,8 +109,9 @@ def test_the_evaluation_cost_is_read_from_runs_that_trained_in_one_launch(tmp_pa
     line = lr.eval_cost(d)
     # the rest: 100 - 40 - 20 = 40 s over 4 evaluations; dense: 100 + 2 x 10 = 120 s
     assert line.startswith("Evaluation cost, from the logs of the 1 runs that trained in one")
-    assert "its 2 decompositions 0.3 min" in line and "at most 10.0 s an evaluation" in line
-    assert "skipped 2 evaluations a run, about 0.3 min: 17% of the 2.0 min" in line
+    assert "a run 1.7 min = its training steps 0.7 + its 2 decompositions 0.3 + the rest " \
+        "0.7 min" in line and "at most 10.0 s an evaluation" in line
+    assert "skipped 2 evaluations a run: at most 0.3 min, 17% of the 2.0 min" in line
     d = runs_data(tmp_path / "n", [("bn lr 0.1", {"norm": "bn", "lr": 0.1}, [two])])
     assert lr.eval_cost(d) == "Evaluation cost: no run trained in one launch yet."
 
@@ -224,13 +226,27 @@ def test_the_crossover_prediction_is_checked_against_the_split(tmp_path):
                            ("syncbn", 0.1): 0.5, ("bn", 0.1): 1.0})
     lines = lr.predictions(d)
     assert lines[0].startswith("- P1") and any(line.startswith("- Fit") for line in lines)
-    # the README's line says each part's outcome as the table's lines do
-    line, marks = lr.finding(d), lr.judged(d)[1]
-    for p, text in (("P1", lines[0]), ("P2", lines[1]), ("P3", lines[2])):
-        assert text.rstrip(".").endswith(marks[p]) or f": {marks[p]} (" in text
-        assert f"{p}, " in line and marks[p] in line.split(f"{p}, ")[1].split(";")[0]
-    lr.cell(d, "bn", 0.1).runs = []
+
+    lr.cell(d, "bn", 0.1).runs = []  # one rate left with both cells' seeds: nothing to judge
     assert lr.finding(d).endswith("runs still to come")
+
+
+def test_the_readme_line_on_why_bn_jitters_carries_each_part_s_outcome(tmp_path):
+    # statistics part ~ var(ema) + var(precise) = 1.25 sd² (the fakes' two series are
+    # independent): bn / syncbn 4x at the low rate, 1x at 0.1; syncbn's grows
+    d = lr_data(tmp_path, {("syncbn", 0.003125): 0.5, ("bn", 0.003125): 1.0,
+                           ("syncbn", 0.1): 1.0, ("bn", 0.1): 1.0})
+    line = lr.finding(d)
+    assert re.search(r"P1 \(>= 2x at the lowest\) agrees, P2 \(falls\) agrees, P3 \(syncbn's "
+                     r"grows\) agrees$", line), line
+    # bn no noisier than syncbn at the low rate, and syncbn's part shrinking: all three fail
+    d = lr_data(tmp_path / "no", {("syncbn", 0.003125): 1.0, ("bn", 0.003125): 1.0,
+                                  ("syncbn", 0.1): 0.5, ("bn", 0.1): 1.0})
+    line = lr.finding(d)
+    assert re.search(r"P1 \(>= 2x at the lowest\) disagrees, P2 \(falls\) disagrees, P3 "
+                     r"\(syncbn's grows\) disagrees$", line), line
+    lr.cell(d, "bn", 0.1).runs.pop()  # a seed still to come is said
+    assert lr.finding(d).endswith("(so far: bn at lr 0.1: 4/5 seeds)")
 
 
 def test_a_rate_added_after_the_prediction_is_shown_beside_it_not_judged_by_it(tmp_path):
@@ -257,8 +273,9 @@ def test_c8_pairs_each_recalibration_with_the_running_statistics_just_before_it(
     assert fixes.recalibration_gain(runs[0], 20) == pytest.approx(1.5)
     v = fixes.c8(d)
     assert v.verdict == "reproduced" and "up in 5 of 5 seeds" in v.ours and "p = 0.031" in v.ours
-    assert "+1.70 ± 0.16 points (95% interval 1.50 to 1.90)" in v.ours  # gains 1.5 to 1.9
-    assert "not chosen again at this one" in v.why  # where the rate and settings came from
+    assert "+1.70 ± 0.16 points (95% t interval 1.50 to 1.90)" in v.ours  # gains 1.5 to 1.9
+    assert "weak:" not in v.ours  # the interval lies above 0 too
+    assert "C8 reads no control" in v.why  # where its rate came from
     # its jitter reads the evaluations just after each recalibration (10 on the plateau)
     pb = fixes.cell(d, "precise")
     assert len(fixes.vals(pb)) == 5 and runs[0].jitter(20, "recal")["n_evals"] == 10
@@ -277,6 +294,13 @@ def test_c8_needs_the_seeds_to_separate_the_gain_from_zero(tmp_path):
     # the rule waits for every seed the spec asks for
     fixes.cell(d, "precise").expected = 6
     assert fixes.c8(d).verdict == "not run yet"
+    # up in every seed but one seed carries the mean: the sign-flip test separates, the t
+    # interval does not, and the verdict says its evidence is weak
+    runs = [fake_headline_run(tmp_path / "one" / f"s{s}", curve(60, 0.5, s), precise=g, seed=s)
+            for s, g in enumerate((0.1, 0.1, 0.1, 0.1, 5.0))]
+    v = fixes.c8(runs_data(tmp_path, [("bn + PreciseBN", {"fix": "precise"}, runs)]))
+    assert v.verdict == "reproduced" and "p = 0.031" in v.ours and "; weak: " in v.ours
+    assert "(95% CI -1.64 to 3.80)" in v.glance
     # and 4 seeds with a gain can never separate (p >= 1/16): untestable, not "not reproduced"
     runs = [fake_headline_run(tmp_path / "four" / f"s{s}", curve(60, 0.5, s), precise=3.0,
                               seed=s) for s in range(4)]
