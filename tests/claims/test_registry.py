@@ -51,6 +51,22 @@ def test_the_report_rebuilds_the_committed_tables_plots_and_verdicts(tmp_path):
         assert (out / rel).read_bytes() == (EXPERIMENTS / rel).read_bytes(), rel
 
 
+def test_the_settled_tables_read_only_runs_of_committed_code():
+    """Sweeps refuse a dirty tree (--allow-dirty is for trials): no run a settled table reads,
+    at its start or at any resume, came from uncommitted changes."""
+    from bnlab.lab import table
+
+    dirty, n = [], 0
+    for name in ("pilot", "lr", "fixes", "values"):
+        d = table.runs_data(table.Context(claims.TABLES[name]))
+        for r in (r for c in d.cells for r in c.runs):
+            n += 1
+            commits = [r.info.get("commit") or "?"] + [e.get("commit") or "?"
+                                                       for e in r.info.get("resumed", [])]
+            dirty += [f"{r.path}: {c}" for c in commits if c == "?" or c.endswith("-dirty")]
+    assert n >= 50 and dirty == []  # the committed runs were read, and none is dirty
+
+
 def test_the_readme_opens_with_the_headline_verdicts_of_experiments_readme():
     """README.md's headline block holds the same claims and verdicts as the headline block
     of experiments/README.md (both written by `make report`)."""
