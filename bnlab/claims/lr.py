@@ -240,7 +240,8 @@ def added(d: RunsData, lr: float | None) -> str:
     """The few words' note where C1 is ruled at a rate added later (empty elsewhere)."""
     if not disclosure(d, lr):
         return ""
-    return f" [a rate added later; the first rates alone: {c1_parts(without_added(d))[0]}]"
+    return (f" [a rate added after others were seen; without it: "
+            f"{c1_parts(without_added(d))[0]}]")
 
 
 def c1_parts(d: RunsData) -> tuple[str, str, str, str]:

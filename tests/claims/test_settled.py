@@ -92,7 +92,7 @@ def test_c1_at_a_rate_added_later_says_what_the_first_rates_alone_give(tmp_path)
     assert v.why.endswith("on the spec's first rates alone (0.0125, 0.1) this rule gives: "
                           "untestable.")
     assert "Disclosed: lr 0.003125" in lr.c3(d).why
-    assert v.glance.endswith("[a rate added later; the first rates alone: untestable]")
+    assert v.glance.endswith("[a rate added after others were seen; without it: untestable]")
 
 
 def test_the_evaluation_cost_is_read_from_runs_that_trained_in_one_launch(tmp_path):
