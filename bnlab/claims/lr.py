@@ -227,8 +227,8 @@ def disclosure(d: RunsData, lr: float | None) -> str:
     if c is None or not c.cell.meta.get("added_later"):
         return ""
     first = without_added(d)
-    short = [f"{n} at lr {r:g}: {c.seeds_note()} seeds" for r in rates(first) for n in NORMS
-             if (c := cell(first, n, r)) is not None and len(c.runs) < c.expected]
+    short = [f"{n} at lr {r:g}: {x.seeds_note()} seeds" for r in rates(first) for n in NORMS
+             if (x := cell(first, n, r)) is not None and len(x.runs) < x.expected]
     return (f" Disclosed: lr {lr:g} was added to the spec after some runs at other rates had "
             "been seen, as a fallback should the quarter rate's control fail its check (before "
             "any of its own runs; experiments/lr/sweep.yaml says when); on the spec's first "
