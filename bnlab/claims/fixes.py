@@ -299,8 +299,8 @@ def c9(d: RunsData) -> Verdict:
               and c.cell.seeds and not unusable(c)}
     above = {f: p_above(vals(gn), vals(c)) for f, c in others.items()}
     below_bn = p_above(vals(others["bn"]), vals(gn))
-    lowest = min(mean(vals(c)) for c in others.values())
     low = min(others.values(), key=lambda c: mean(vals(c)))
+    lowest = mean(vals(low))
     lo, hi = ratio_interval(vals(gn), vals(low))
     steadiest = all(p > SEPARATED for p in above.values()) and below_bn <= SEPARATED and \
         mean(vals(gn)) <= STEADIEST * lowest

@@ -220,28 +220,29 @@ def without_added(d: RunsData) -> RunsData:
     return dataclasses.replace(d, cells=[c for c in d.cells if not c.cell.meta.get("added_later")])
 
 
-def disclosure(d: RunsData, lr: float | None) -> str:
+def seeds_to_come(d: RunsData, among: list[float]) -> str:
+    """" (so far: bn at lr 0.1: 3/5 seeds; ...)" for the cells at these rates still short of
+    seeds, else empty."""
+    short = [f"{n} at lr {r:g}: {c.seeds_note()} seeds" for r in among for n in NORMS
+             if (c := cell(d, n, r)) is not None and len(c.runs) < c.expected]
+    return f" (so far: {'; '.join(short)})" if short else ""
+
+
+def disclosure(d: RunsData, lr: float | None) -> tuple[str, str]:
     """Where C1 is ruled at a rate added to the spec after other rates' runs were seen: that,
-    and what the rule gives on the spec's first rates alone (empty elsewhere)."""
+    with what the rule gives on the spec's first rates alone, for its reasons and in a few
+    words ("", "" elsewhere)."""
     c = cell(d, "syncbn", lr) if lr is not None else None
     if c is None or not c.cell.meta.get("added_later"):
-        return ""
+        return "", ""
     first = without_added(d)
-    short = [f"{n} at lr {r:g}: {x.seeds_note()} seeds" for r in rates(first) for n in NORMS
-             if (x := cell(first, n, r)) is not None and len(x.runs) < x.expected]
+    old = c1_parts(first)[0]
     return (f" Disclosed: lr {lr:g} was added to the spec after some runs at other rates had "
             "been seen, as a fallback should the quarter rate's control fail its check (before "
             "any of its own runs; experiments/lr/sweep.yaml says when); on the spec's first "
             f"rates alone ({', '.join(f'{r:g}' for r in rates(first))}) this rule gives: "
-            f"{c1_parts(first)[0]}" + (f" (so far: {'; '.join(short)})" if short else "") + ".")
-
-
-def added(d: RunsData, lr: float | None) -> str:
-    """The few words' note where C1 is ruled at a rate added later (empty elsewhere)."""
-    if not disclosure(d, lr):
-        return ""
-    return (f" [a rate added after others were seen; without it: "
-            f"{c1_parts(without_added(d))[0]}]")
+            f"{old}{seeds_to_come(first, rates(first))}.",
+            f" [a rate added after others were seen; without it: {old}]")
 
 
 def c1_parts(d: RunsData) -> tuple[str, str, str, str]:
@@ -273,7 +274,8 @@ def c1_parts(d: RunsData) -> tuple[str, str, str, str]:
     glance = (f"at lr {lr:g} (control steady): jitter bn {mean(vals(bn)):.2f} "
               f"vs syncbn {mean(vals(cell(d, 'syncbn', lr))):.2f} pts, {c['ratio']:.2f}x (95% CI "
               f"{fmt(c['lo'], 2)} to {fmt(c['hi'], 2)})" + note)
-    return v, f"{c['text']}{note}; {why}", RULE_C1 + disclosure(d, lr), glance + added(d, lr)
+    told, few = disclosure(d, lr)
+    return v, f"{c['text']}{note}; {why}", RULE_C1 + told, glance + few
 
 
 def c1(d: RunsData) -> Verdict:
@@ -282,13 +284,13 @@ def c1(d: RunsData) -> Verdict:
 
 
 def c3(d: RunsData) -> Verdict:
-    v, ours, _, glance = c1_parts(d)
+    v, ours, why, glance = c1_parts(d)
     return Verdict("C3", "make table-lr", "1x8 far more stable than 4x2",
                    "the same cells as C1: " + ours, v,
                    "1 rank x 8 with bn computes exactly what syncbn at 4 ranks x 2 computes (the "
                    "same 8 images normalized together, the same steps; tests/test_simulate.py), "
                    "so C3 is C1's contrast and gets C1's verdict by C1's rule."
-                   + disclosure(d, ruling_rate(d)[0]),
+                   + why.removeprefix(RULE_C1),  # C1's disclosure, where it has one
                    "C1's cells (1x8 bn computes what syncbn 4x2 does): " + glance)
 
 
@@ -414,9 +416,7 @@ def judged(d: RunsData) -> tuple[list[str], dict]:
     so_far = f" ({so_far[2:]})" if so_far else ""
     marks = {"P2": "agrees" if ratio[hi] < ratio[lo] else "disagrees",
              "P3": "agrees" if sb[hi] > sb[lo] else "disagrees",
-             "ratios": ", ".join(f"{ratio[lr]:.2f}x" for lr in rs),
-             "rates": ", ".join(f"{lr:g}" for lr in rs), "judged at": rs,
-             "syncbn": ", ".join(f"{sb[lr]:.2f}" for lr in rs), "so far": so_far}
+             "judged at": rs, "ratio": ratio, "syncbn": sb, "so far": so_far}
     if lowest in rs:
         marks["P1"] = "agrees" if ratio[lowest] >= 2 else "disagrees"
     p1 = (f"{ratio[lowest]:.2f}x: {marks['P1']}."
@@ -451,14 +451,14 @@ def finding(d: RunsData) -> str:
     f = fit(d, rs)
     rel = f"; fitted bn / syncbn floor {f['a_bn'] / f['a_syncbn']:.1f} (4 predicted)" \
         if f and f["a_syncbn"] > 0 else ""
-    short = [f"{n} at lr {r:g}: {c.seeds_note()} seeds" for r in rs for n in NORMS
-             if (c := cell(d, n, r)) is not None and len(c.runs) < c.expected]
-    return (f"Why BN jitters: bn's statistics part is {m['ratios']} syncbn's at lr {m['rates']} "
-            f"(predicted from the EMA's sampling noise, before the runs: about 4x at the lowest, "
-            f"falling as the rate rises); syncbn's own is {m['syncbn']} points²{rel}: "
+    ratio, sb = m["ratio"], m["syncbn"]
+    return (f"Why BN jitters: bn's statistics part is "
+            f"{', '.join(f'{ratio[lr]:.2f}x' for lr in rs)} syncbn's at lr "
+            f"{', '.join(f'{lr:g}' for lr in rs)} (predicted from the EMA's sampling noise, "
+            f"before the runs: about 4x at the lowest, falling as the rate rises); syncbn's own "
+            f"is {', '.join(f'{sb[lr]:.2f}' for lr in rs)} points²{rel}: "
             f"P1 (>= 2x at the lowest) {m.get('P1', 'still to come')}, P2 (falls) {m['P2']}, "
-            f"P3 (syncbn's grows) {m['P3']}{m['so far']}"
-            + (f" (so far: {'; '.join(short)})" if short else ""))
+            f"P3 (syncbn's grows) {m['P3']}{m['so far']}{seeds_to_come(d, rs)}")
 
 
 def fit_line(d: RunsData, among: list[float], what: str) -> list[str]:
