@@ -54,6 +54,21 @@ def test_bnlab_resnet18_at_4_by_2_table(capsys):
     assert "| layer4.1.bn2 | BatchNorm2d | 512 | 16 | 16 | 16 |  |" in out  # at the threshold
 
 
+def test_the_report_cites_the_table_that_measures_its_thresholds(capsys):
+    from bnlab import doctor
+    assert (ROOT / doctor.EVIDENCE).is_file()
+    at_4x2 = ("--model", "bnlab:resnet20", "--world", "4", "--batch-per-rank", "2")
+    _, out, _ = _doctor(capsys, *at_4x2)
+    assert out.rstrip().endswith(f"bnlab's {doctor.EVIDENCE} (make table-values).")
+    low = f"{doctor.MIN_IMAGES} samples and {doctor.MIN_VALUES} values per channel"
+    assert f"{low} (bnlab's defaults)" in out
+    _, out, _ = _doctor(capsys, *at_4x2, "--min-values", "4")
+    assert (f"4 values per channel (yours; bnlab's defaults are {doctor.MIN_IMAGES} and "
+            f"{doctor.MIN_VALUES})") in out
+    _, r = _json(capsys, *at_4x2)
+    assert r["thresholds_evidence"] == doctor.EVIDENCE
+
+
 FACTORY = '''
 import torch.nn as nn
 
