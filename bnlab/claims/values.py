@@ -222,8 +222,14 @@ def separation(points: list[tuple[int, int | None, str]]) -> tuple[str, str]:
 
 def words(ms: list[dict], key: str = "state") -> str:
     """The cells in a few words, by values: '2 values from 2 images: breaks, ...'."""
-    return ", ".join(f"{m['values']} values from {m['images']} images: {m[key]}"
+    return ", ".join(f"{where(m)}: {m[key]}"
                      for m in sorted(ms, key=lambda m: (m["values"] or 0, m["images"])))
+
+
+def where(m: dict) -> str:
+    """'4 values from 1 image'."""
+    n = m["images"]
+    return f"{m['values']} values from {n} image{'s' * (n != 1)}"
 
 
 def governs(d: RunsData, key: str = "state") -> tuple[str, str]:
@@ -258,7 +264,7 @@ def thresholds(d: RunsData) -> tuple[str, str]:
         return "not run yet", ""
     answer, instead = separation([(m["images"], m["values"], m["state"]) for m in ms])
     if answer == "undecided":
-        return "undecided (a cell is unclear)", ""
+        return "undecided (a cell is unclear or lacks its values per channel)", ""
     missed = [m for m in ms if m["state"] == "breaks" and not flagged(m)]
     over = [m for m in ms if m["state"] == "holds" and flagged(m)]
     if not missed and not over:
@@ -266,10 +272,10 @@ def thresholds(d: RunsData) -> tuple[str, str]:
     why = []
     if missed:
         why.append(f"{len(missed)} breaking cell(s) not flagged: "
-                   + ", ".join(f"{m['images']} images, {m['values']} values" for m in missed))
+                   + "; ".join(where(m) for m in missed))
     if over:
         why.append(f"{len(over)} holding cell(s) flagged: "
-                   + ", ".join(f"{m['images']} images, {m['values']} values" for m in over))
+                   + "; ".join(where(m) for m in over))
     return "not supported (" + "; ".join(why) + ")", instead
 
 
@@ -312,39 +318,79 @@ def render(d: RunsData) -> str:
         f"Gap: the 1 x 8 reference's plateau accuracy minus the cell's, paired on the seed, mean "
         f"with a 95% t interval over seeds; breaks: gap >= {BREAK:g} points with the interval "
         f"above 0; holds: gap under {BREAK:g} points with the interval under {HOLD_BOUND:g}; "
-        f"else unclear (and with fewer than {MIN_SEEDS} seed pairs). Jitter ratio: geometric "
-        "mean over the seed pairs, 95% t interval on the log ratios. Plateau: the second half "
-        "of training. The 32 px reference normalizes 8 values over 8 images, itself under the "
-        "doctor's values threshold: gaps there are to syncbn at 4 x 2, not to an unbroken BN. "
-        "The rules are in bnlab/claims/values.py, written before these runs.", ""]))
+        f"else unclear (and with fewer than {MIN_SEEDS} seed pairs); a cell that diverged on a "
+        "seed where its reference did not breaks, and every cell of a reference that diverged "
+        "is unclear. Jitter ratio: geometric mean over the seed pairs, 95% t interval on the log "
+        "ratios. Plateau: the second half of training. " + "".join(
+            f"The {r.cell.meta['input']} reference normalizes {values(r)} values per channel "
+            f"over {r.cell.meta['per_rank']} images, itself at risk by the doctor's thresholds: "
+            "gaps there are to syncbn at 4 x 2, not to an unbroken BN. " for r in refs
+            if values(r) and at_risk(r.cell.meta["per_rank"], values(r)))
+        + "The rules are in bnlab/claims/values.py, written before these runs.", ""]))
+
+
+def lost_seed(m: dict) -> bool:
+    """A cell that breaks because it diverged on a seed where its reference did not."""
+    return m["state"] == "breaks" and m["why"].startswith("diverged")
+
+
+def style(m: dict) -> dict:
+    """A cell's marker: its shape and colour by images per rank; the references grey, hollow."""
+    n = m["images"]
+    ref = m["state"] == "reference"
+    return {"marker": MARKERS.get(n, "o"), "ms": 7, "ls": "none", "mfc": "none" if ref else None,
+            "color": "0.5" if ref else f"C{sorted(MARKERS).index(n)}" if n in MARKERS else "C5"}
+
+
+def legend(ms: list[dict]) -> tuple[list, list[str]]:
+    """One entry per images per rank that a cell has, then the references and the markings,
+    whichever panel draws them (a point left unread keeps its shape, greyed)."""
+    from matplotlib.lines import Line2D
+    handles, labels = [], []
+    for n in sorted({m["images"] for m in ms if m["state"] != "reference"}):
+        handles.append(Line2D([], [], **style({"images": n, "state": ""})))
+        labels.append(f"{n} image{'s' * (n != 1)} per rank")
+    if any(m["state"] == "reference" for m in ms):
+        handles.append(Line2D([], [], **style({"images": 8, "state": "reference"})))
+        labels.append("1 x 8 reference")
+    if any(lost_seed(m) for m in ms):
+        handles.append(Line2D([], [], marker="x", ms=9, ls="none", color="C3"))
+        labels.append("diverged on a seed: breaks (gap over the other seeds)")
+    if any(m["jstate"] == "untestable" for m in ms):
+        handles.append(Line2D([], [], marker="o", ms=7, ls="none", color="0.7", mfc="none"))
+        labels.append("grey, hollow: reference not steady, not read")
+    return handles, labels
 
 
 def plot(d: RunsData, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-    for _, m in measured(d):
-        if m["values"] is None:
-            continue
-        ref = m["state"] == "reference"
-        kw = {"marker": MARKERS.get(m["images"], "o"), "ms": 7, "capsize": 3, "ls": "none",
-              "color": "0.5" if ref else f"C{sorted(MARKERS).index(m['images'])}"
-              if m["images"] in MARKERS else "C5", "mfc": "none" if ref else None}
-        n = m["images"]
-        label = "1 x 8 reference" if ref else f"{n} image{'s' * (n != 1)} per rank"
-        # side by side where two layouts reach one level: a small step per images-per-rank
-        x = m["values"] * 2 ** (0.06 * (sorted(MARKERS).index(n) - 1.5) if n in MARKERS else 0)
+    ms = [m for _, m in measured(d) if m["values"] is not None]
+    lost = []  # cells that diverged on every seed they ran: no gap to draw
+    for m in ms:
+        kw, n = style(m), m["images"]
+        # side by side where two layouts reach one level: a step per images per rank
+        x = m["values"] * 2 ** (0.18 * (sorted(MARKERS).index(n) - 1.5) if n in MARKERS else 0)
+        diverged = lost_seed(m)
+        if diverged and not math.isfinite(m["gap"]):
+            lost.append((x, kw))
         for ax, y, lo, hi in ((axes[0], m["gap"], m["lo"], m["hi"]),
                               (axes[1], m["jitter"], m["jlo"], m["jhi"])):
             if y is None or not math.isfinite(y):
                 continue
             err = [[y - lo], [hi - y]] if lo is not None and hi is not None else None
-            if ax is axes[1] and m["jstate"] == "untestable":  # drawn, not read: grey, hollow
-                ax.errorbar([x], [y], yerr=err, label="reference not steady: not read",
-                            **{**kw, "color": "0.65", "mfc": "none"})
-                continue
-            ax.errorbar([x], [y], yerr=err, label=label, **kw)
-    if not any(m["state"] != "reference" for _, m in measured(d)):
+            unread = ax is axes[1] and m["jstate"] == "untestable"  # drawn, not read
+            ax.errorbar([x], [y], yerr=err, capsize=3,
+                        **({**kw, "color": "0.7", "mfc": "none"} if unread else kw))
+            if diverged and ax is axes[0]:
+                ax.plot([x], [y], marker="x", ms=9, ls="none", color="C3")
+    if lost:  # at the top of the gap panel, where the worst cells are
+        top = axes[0].get_ylim()[1]
+        for x, kw in lost:
+            axes[0].plot([x], [top], **{**kw, "marker": "x", "ms": 9, "color": "C3"})
+    if not any(m["state"] != "reference" for m in ms):
         for ax in axes:
             nothing_yet(ax, "no cell and its 1 x 8 reference have all their seeds yet")
+    handles, labels = legend(ms)
     for ax, y, ylabel, title, line in (
             (axes[0], 0, "accuracy lost to 1 x 8 (points)", "accuracy gap to the reference",
              (BREAK, f"breaks at {BREAK:g} points lost (interval above 0)")),
@@ -358,12 +404,8 @@ def plot(d: RunsData, path: Path) -> None:
         ax.set(title=title, xlabel="values per channel at the smallest BN layer (log)",
                ylabel=ylabel)
         ax.grid(alpha=0.3)
-        handles, labels = ax.get_legend_handles_labels()
-        keep = dict(zip(labels, handles, strict=True))  # one entry per marker: lines first,
-        order = sorted(keep, key=lambda k: (k[0].isdigit(), "reference" in k, k))  # then 1,
-        # 2, 4 images per rank, then the references
-        if keep:
-            ax.legend([keep[k] for k in order], order, fontsize=8)
+        lines, names = ax.get_legend_handles_labels()  # the thresholds first, then the cells
+        ax.legend(lines + handles, names + labels, fontsize=8)
     save(fig, path, "Where BN breaks: global batch 8, only the grouping changes")
 
 

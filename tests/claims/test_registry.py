@@ -116,3 +116,26 @@ def test_tables_that_disagree_on_jobs_cannot_share_a_verdict_block(tmp_path):
     with pytest.raises(BnlabError, match="disagree on `jobs:`"):
         write_verdicts(readme, lr.marker, built)
     assert readme.read_text().count("\n") == 2  # nothing written
+
+
+def test_the_preliminary_line_says_which_verdicts_can_change(tmp_path):
+    """While runs are missing, the line above the verdicts says the ones marked preliminary
+    may change; where every verdict is final, that only the findings may."""
+    from bnlab.lab.readme import write_verdicts
+    from bnlab.lab.results import CellResult
+    from bnlab.lab.spec import load_spec
+    from bnlab.lab.table import RunsData, Table, Verdict
+
+    spec = load_spec(EXPERIMENTS / "lr" / "sweep.yaml")
+    cells = [CellResult(c, [], len(c.seeds)) for c in spec.cells]  # every seed to come
+    readme = tmp_path / "README.md"
+    for final, says in ((False, "the verdicts marked preliminary may change"),
+                        (True, "only the findings may change: every verdict has every seed")):
+        def verdicts(_, final=final):
+            return [Verdict("C99", "make table-x", "c", "o", "partly", "w", final=final)]
+        t = Table("x", ("C99",), None, None, verdicts)
+        readme.write_text("<!-- x:begin -->\n<!-- x:end -->\n")
+        write_verdicts(readme, "x", [(t, RunsData(spec, cells, "t", tmp_path, tmp_path))])
+        text = readme.read_text()
+        assert "**Preliminary:** 0 of the" in text and says in text, text
+        assert ("(preliminary)" in text) is not final
