@@ -433,10 +433,11 @@ def values_run(d, gap: float, seed: int, values_per_channel: int | None, noise: 
     return run
 
 
-def values_data(tmp_path, gaps: dict[tuple[str, int], float], same_noise: bool = False
-                ) -> RunsData:
-    """The values spec's cells with these gaps to each input's 1x8 (3 seeds; a gap may be a
-    list, one per seed); each cell its own noise, or with `same_noise` its reference's draw."""
+def values_data(tmp_path, gaps: dict[tuple[str, int], float], same_noise: bool = False,
+                seeds: dict[tuple[str, int], int] | None = None) -> RunsData:
+    """The values spec's cells with these gaps to each input's 1x8 (3 seeds unless `seeds`
+    says more; a gap may be a list, one per seed); each cell its own noise, or with
+    `same_noise` its reference's draw."""
     out = []
     for inp, (area, layouts) in LAYOUTS.items():
         for per_rank in layouts:
@@ -444,7 +445,7 @@ def values_data(tmp_path, gaps: dict[tuple[str, int], float], same_noise: bool =
             runs = [values_run(tmp_path / inp / str(per_rank) / f"s{s}",
                                g[s] if isinstance(g, list) else g, s, per_rank * area,
                                salt=0 if same_noise else len(out) + 1)
-                    for s in range(3)]
+                    for s in range((seeds or {}).get((inp, per_rank), 3))]
             out.append((f"{inp} {8 // per_rank}x{per_rank}",
                         {"input": inp, "per_rank": per_rank}, runs))
     d = runs_data(tmp_path, out, epochs=10)
@@ -518,6 +519,36 @@ def test_a_hold_needs_seeds_that_rule_out_a_real_loss(tmp_path):
     assert values.state(0.5, -1.0, 2.0, 3) == "holds"
     assert values.state(2.5, 0.5, 4.5, 3) == "breaks"
     assert values.state(2.5, -0.5, 5.5, 3) == "unclear"
+
+
+def test_rule_v4_extends_a_cell_three_seeds_leave_unclear_and_says_what_three_gave(tmp_path):
+    """A cell unclear on 3 seed pairs (its interval too wide) and its reference get seeds 3
+    and 4; the verdict is then read on all pairs, and the table says what 3 seeds gave."""
+    breaking = {("resnet18 32 px", 2): 20.0, ("resnet18 64 px", 1): 9.0}
+    wide = [3.0, -1.0, 2.0]  # mean 1.3, 95% interval to about 6.5: unclear
+    d = values_data(tmp_path, {**breaking, ("resnet20", 4): wide})
+    assert [c.cell.label for c in values.to_extend(d)] == ["resnet20 2x4", "resnet20 1x8"]
+    text, _ = values.extension(d)
+    assert "rule v4 asks for seeds 3, 4 of resnet20 2x4, resnet20 1x8" in text
+    assert values.governs(d)[0] == "undecided"
+    five = {("resnet20", 4): 5, ("resnet20", 8): 5}
+    d = values_data(tmp_path / "5", {**breaking, ("resnet20", 4): [*wide, 1.0, 1.0]},
+                    seeds=five)
+    m = values.measure(d, cell_of(d, "resnet20", 4))
+    assert m["n"] == 5 and m["state"] == "holds" and m["hi"] < values.HOLD_BOUND
+    assert values.governs(d)[0] == "both"  # as test_both_and_neither_alone, on 5 seeds
+    text, few = values.extension(d)
+    assert text.startswith("resnet20 2x4, resnet20 1x8: seeds beyond the first 3 (rule v4")
+    assert "asks for" not in text and "without rule v4's reason" not in text
+    assert text.endswith("the collapse undecided, the doctor's thresholds undecided.")
+    assert values.finding(d).endswith("[seeds added where 3 were unclear; on 3: undecided]")
+    assert "More seeds: resnet20 2x4" in values.render(d)
+    # more seeds where 3 had decided: outside the rule, and said
+    d = values_data(tmp_path / "x", {**breaking, ("resnet18 32 px", 4): 8.0},
+                    seeds={("resnet18 32 px", 4): 5})
+    assert values.extension(d)[0].startswith("resnet18 32 px 2x4: seeds beyond")
+    assert "resnet18 32 px 2x4 extended without rule v4's reason" in values.extension(d)[0]
+    assert values.extension(values_data(tmp_path / "n", breaking)) == ("", "")
 
 
 def test_all_cells_unclear_support_nothing(tmp_path):
