@@ -55,7 +55,7 @@ WHY = {
     "channels_last": "NHWC memory format for the model and its inputs (bare loop). The "
                      "table-jitter cell's steps are 8 images; the batch table's largest "
                      "cells are 128.",
-    "preempt": "In real DDP the ranks agree on a pending SIGTERM/SIGUSR1 with a 1-element "
+    "preempt": "In real DDP the ranks agree on a pending SIGTERM/SIGUSR1/SIGUSR2 with a 1-element "
                "max all-reduce (a collective and a host sync), so all ranks checkpoint at the "
                "same step. It runs at every step; on CPU its cost is within the noise, and "
                "whether a sparser check pays on a GPU (where it is a host sync) is unmeasured.",

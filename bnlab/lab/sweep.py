@@ -271,7 +271,8 @@ def dirty_kwargs(a: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bnlab.lab.sweep",
+                                description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("specs", type=Path, nargs="+", help="experiments/<name>/sweep.yaml ...")
     p.add_argument("--data", help="folder holding cifar-10-batches-py (no download)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
