@@ -471,7 +471,7 @@ def plot(d: RunsData, path: Path) -> None:
 
 
 def verdicts(d: RunsData) -> list[Verdict]:
-    return []  # no claim of CLAIMS.md is this curve; its findings are stated in table.md
+    return []  # no claim under test is this curve; its findings are stated in table.md
 
 
 def finding(d: RunsData) -> str:

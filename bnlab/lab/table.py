@@ -56,7 +56,7 @@ def complete(*cells) -> bool:
 
 
 def claim_order(v: Verdict) -> tuple[str, int]:
-    """C1 .. C13, then L1, L2: the order of ../shared/CLAIMS.md."""
+    """C1 .. C13, then L1, L2: the claims' own order."""
     m = re.fullmatch(r"([A-Z]+)(\d+)", v.claim)
     return (m[1], int(m[2])) if m else (v.claim, 0)
 
