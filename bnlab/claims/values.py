@@ -231,8 +231,14 @@ def separation(points: list[tuple[int, int | None, str]]) -> tuple[str, str]:
 
 
 def words(ms: list[dict], key: str = "state") -> str:
-    """The cells in a few words, by values: '2 values from 2 images: breaks, ...'."""
-    return ", ".join(f"{where(m)}: {m[key]}"
+    """The cells in a few words, by values, with the number each state was read from:
+    '2 values from 2 images: breaks (-27.0 pts vs 1x8), ...' (jitter: the ratio)."""
+    def number(m: dict) -> str:
+        x = m["gap"] if key == "state" else m["jitter"]
+        if x is None or not math.isfinite(x):
+            return ""
+        return f" ({-x:+.1f} pts vs 1x8)" if key == "state" else f" ({x:.2f}x)"
+    return ", ".join(f"{where(m)}: {m[key]}{number(m)}"
                      for m in sorted(ms, key=lambda m: (m["values"] or 0, m["images"])))
 
 
@@ -336,7 +342,9 @@ def extension(d: RunsData) -> tuple[str, str]:
     answer, doc = governs(first)[0], thresholds(first)[0].split(" (")[0]
     parts.append(f"on every cell's first {MIN_SEEDS} seeds the rules give: the collapse "
                  f"{answer}, the doctor's thresholds {doc}")
-    return "; ".join(parts) + ".", f"seeds added where 3 were unclear; on 3: {answer}"
+    few = "seeds added where 3 were unclear (rule v4, after runs were seen)" + (
+        f"; on 3: {answer}" if answer != "not run yet" else "")
+    return "; ".join(parts) + ".", few
 
 
 # ----------------------------------------------------------------------------------------

@@ -541,7 +541,8 @@ def test_rule_v4_extends_a_cell_three_seeds_leave_unclear_and_says_what_three_ga
     assert text.startswith("resnet20 2x4, resnet20 1x8: seeds beyond the first 3 (rule v4")
     assert "asks for" not in text and "without rule v4's reason" not in text
     assert text.endswith("the collapse undecided, the doctor's thresholds undecided.")
-    assert values.finding(d).endswith("[seeds added where 3 were unclear; on 3: undecided]")
+    assert values.finding(d).endswith("[seeds added where 3 were unclear (rule v4, after runs "
+                                      "were seen); on 3: undecided]")
     assert "More seeds: resnet20 2x4" in values.render(d)
     # more seeds where 3 had decided: outside the rule, and said
     d = values_data(tmp_path / "x", {**breaking, ("resnet18 32 px", 4): 8.0},
