@@ -375,8 +375,8 @@ def evidence(min_images: int, min_values: int) -> str:
     which = "bnlab's defaults" if mine else (f"yours; bnlab's defaults are {MIN_IMAGES} and "
                                              f"{MIN_VALUES}")
     return (f"Thresholds: {min_images} samples and {min_values} values per channel ({which}). "
-            f"Where BN breaks against them, measured on CIFAR-10 at a global batch of 8: "
-            f"bnlab's {EVIDENCE} (make table-values).")
+            f"bnlab's make table-values tests them on CIFAR-10 at a global batch of 8: "
+            f"{EVIDENCE} in bnlab's repository.")
 
 
 def add_parser(sub) -> None:

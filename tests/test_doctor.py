@@ -59,7 +59,7 @@ def test_the_report_cites_the_table_that_measures_its_thresholds(capsys):
     assert (ROOT / doctor.EVIDENCE).is_file()
     at_4x2 = ("--model", "bnlab:resnet20", "--world", "4", "--batch-per-rank", "2")
     _, out, _ = _doctor(capsys, *at_4x2)
-    assert out.rstrip().endswith(f"bnlab's {doctor.EVIDENCE} (make table-values).")
+    assert out.rstrip().endswith(f"{doctor.EVIDENCE} in bnlab's repository.")
     low = f"{doctor.MIN_IMAGES} samples and {doctor.MIN_VALUES} values per channel"
     assert f"{low} (bnlab's defaults)" in out
     _, out, _ = _doctor(capsys, *at_4x2, "--min-values", "4")

@@ -17,12 +17,14 @@ images (32 px) and from 1 (64 px); 8 from 2 images (64 px) and from 8 (the 32 px
 which the rules below do not read: its gap is 0 by definition).
 Every cell runs the settled headline protocol (configs/experiment/headline.yaml) shortened to
 10 epochs for every cell (the budget: the 64 px cells cost about 4 times the 32 px ones), the
-plateau its second half, 3 seeds. Writes experiments/values/{table.md, values.png}.
+plateau its second half, 3 seeds (5 where rule v4 adds them). Writes
+experiments/values/{table.md, values.png}.
 
-The rules, written before these runs, in their third version (experiments/README.md names the
-commits; all three came before any values run: the first judged a cell "holds" on its mean
-alone and read only the 2-image cells, which a review found could call noise a hold and
-recommend a threshold that flags holding cells; the third added the jitter's control check):
+The rules, in their fourth version (experiments/README.md names the commits). The first three
+came before any values run: the first judged a cell "holds" on its mean alone and read only
+the 2-image cells, which a review found could call noise a hold and recommend a threshold that
+flags holding cells; the third added the jitter's control check. The fourth (rule v4, last
+below) came after runs were seen:
 
 - A cell's *gap* is its reference's plateau accuracy minus its own, paired on the seed (the
   same initial weights and data order), with a 95% t interval over the seeds both finished
@@ -152,10 +154,20 @@ def control(ref: CellResult) -> lrtable.Control:
                                  f"{ref.cell.meta['input']}'s 1 x 8 reference")
 
 
+def shared(ref: CellResult, c: CellResult) -> CellResult:
+    """The reference over the cell's own seeds: seeds rule v4 gives the reference for another
+    cell change nothing of this one (its pairs, its reference's divergence or control)."""
+    if ref is c:
+        return ref
+    seeds = set(c.cell.seeds)
+    return replace(ref, runs=[r for r in ref.runs if r.seed in seeds],
+                   expected=len(seeds & set(ref.cell.seeds)))
+
+
 def measure(d: RunsData, c: CellResult) -> dict | None:
-    """The cell against its reference: gap and jitter ratio (with intervals), state; None
-    until both have ended every seed."""
-    ref = reference(d, c)
+    """The cell against its reference over the seeds the cell has: gap and jitter ratio (with
+    intervals), state; None until both have ended every one of those seeds."""
+    ref = shared(reference(d, c), c)
     if not (finished(c) and finished(ref)):
         return None
     base = {"values": values(c), "images": c.cell.meta["per_rank"], "input": c.cell.meta["input"],
@@ -187,7 +199,22 @@ def measure(d: RunsData, c: CellResult) -> dict | None:
 
 
 def measured(d: RunsData) -> list[tuple[CellResult, dict]]:
-    return [(c, m) for c in d.cells if (m := measure(d, c)) is not None]
+    """Every cell measured so far: where rule v4's seeds are still to come, on its first
+    seeds, marked pending (shown in the table, the figure and the words; read by no rule)."""
+    first = None
+    out = []
+    for c in d.cells:
+        m = measure(d, c)
+        if m is None and len(c.cell.seeds) > MIN_SEEDS:
+            first = first or first_seeds(d)
+            m = measure(first, next(x for x in first.cells if x.cell.label == c.cell.label))
+            if m is not None:
+                to_come = ", ".join(map(str, sorted(c.cell.seeds)[MIN_SEEDS:]))
+                m = {**m, "pending": True, "why": f"on its first {MIN_SEEDS} seeds; seeds "
+                     f"{to_come} to come" + (f"; {m['why']}" if m["why"] else "")}
+        if m is not None:
+            out.append((c, m))
+    return out
 
 
 def read(d: RunsData) -> list[dict] | None:
@@ -237,8 +264,9 @@ def words(ms: list[dict], key: str = "state") -> str:
         x = m["gap"] if key == "state" else m["jitter"]
         if x is None or not math.isfinite(x):
             return ""
-        return f" ({-x:+.1f} pts vs 1x8)" if key == "state" else f" ({x:.2f}x)"
+        return f" ({-round(x, 1) + 0.0:+.1f} pts vs 1x8)" if key == "state" else f" ({x:.2f}x)"
     return ", ".join(f"{where(m)}: {m[key]}{number(m)}"
+                     + (f" on {MIN_SEEDS} seeds, more to come" if m.get("pending") else "")
                      for m in sorted(ms, key=lambda m: (m["values"] or 0, m["images"])))
 
 
@@ -300,7 +328,8 @@ def first_seeds(d: RunsData) -> RunsData:
     cut = []
     for c in d.cells:
         keep = sorted(c.cell.seeds)[:MIN_SEEDS]
-        cut.append(replace(c, runs=[r for r in c.runs if r.seed in keep],
+        cut.append(replace(c, cell=replace(c.cell, seeds=keep),
+                           runs=[r for r in c.runs if r.seed in keep],
                            expected=min(c.expected, len(keep))))
     return replace(d, cells=cut)
 
@@ -320,31 +349,46 @@ def to_extend(d: RunsData) -> list[CellResult]:
 
 def extension(d: RunsData) -> tuple[str, str]:
     """(a sentence, a few words) on rule v4: the cells given more seeds, any the rule asks for
-    that the spec lacks or that the spec extends without the rule's reason, and what the rules
-    give on every cell's first seeds; ("", "") where no cell needs or has more."""
+    that the spec lacks, any the spec extends otherwise than the rule says, the cells whose
+    state the extra seeds changed, and what the rules give on every cell's first seeds;
+    ("", "") where no cell needs or has more."""
     have = [c for c in d.cells if len(c.cell.seeds) > MIN_SEEDS]
     asked = to_extend(d)
     if not have and not asked:
         return "", ""
     labels = {c.cell.label for c in asked}
-    parts = []
+    rule = (f"rule v4, written after resnet20 2x4's first {MIN_SEEDS} seeds came out unclear, "
+            "before any 64 px run had finished")
+    parts, few = [], []
     if have:
-        parts.append(f"{', '.join(c.cell.label for c in have)}: seeds beyond the first "
-                     f"{MIN_SEEDS} (rule v4, written after resnet20 2x4's first {MIN_SEEDS} "
-                     "came out unclear, before any 64 px run had finished)")
+        names = ", ".join(c.cell.label for c in have)
+        parts.append(f"{names}: seeds beyond the first {MIN_SEEDS} ({rule})")
+        few.append(f"more seeds for {names} (rule v4, after runs were seen)")
     if lack := [c.cell.label for c in asked if len(c.cell.seeds) <= MIN_SEEDS]:
         parts.append(f"rule v4 asks for seeds {', '.join(map(str, EXTRA_SEEDS))} of "
                      f"{', '.join(lack)} (unclear on {MIN_SEEDS} seeds): add them to "
                      "experiments/values/sweep.yaml")
-    if outside := [c.cell.label for c in have if c.cell.label not in labels]:
-        parts.append(f"{', '.join(outside)} extended without rule v4's reason")
+        few.append(f"rule v4 asks for more seeds of {', '.join(lack)}")
+    right = [*range(MIN_SEEDS), *EXTRA_SEEDS]
+    if outside := [c.cell.label for c in have
+                   if c.cell.label not in labels or sorted(c.cell.seeds) != right]:
+        parts.append(f"{', '.join(outside)} extended otherwise than rule v4 says (seeds "
+                     f"{', '.join(map(str, right))} for a cell unclear on {MIN_SEEDS} and its "
+                     "reference)")
+        few.append(f"{', '.join(outside)} extended outside rule v4")
     first = first_seeds(d)
+    then = {c.cell.label: m for c, m in measured(first)}
+    now = {c.cell.label: m for c, m in measured(d) if not m.get("pending")}
+    if changed := [f"{k}: {then[k]['state']} on {MIN_SEEDS} seeds, {m['state']} on {m['n']}"
+                   for k, m in now.items() if k in then and m["state"] != then[k]["state"]]:
+        parts.append("changed by the extra seeds: " + ", ".join(changed))
     answer, doc = governs(first)[0], thresholds(first)[0].split(" (")[0]
+    jitter = governs(first, "jstate")[0]
     parts.append(f"on every cell's first {MIN_SEEDS} seeds the rules give: the collapse "
-                 f"{answer}, the doctor's thresholds {doc}")
-    few = "seeds added where 3 were unclear (rule v4, after runs were seen)" + (
-        f"; on 3: {answer}" if answer != "not run yet" else "")
-    return "; ".join(parts) + ".", few
+                 f"{answer}, the jitter {jitter}, the doctor's thresholds {doc}")
+    if answer != "not run yet":
+        few.append(f"on {MIN_SEEDS} seeds: {answer}")
+    return "; ".join(parts) + ".", "; ".join(few)
 
 
 # ----------------------------------------------------------------------------------------
@@ -353,8 +397,9 @@ def extension(d: RunsData) -> tuple[str, str]:
 
 def render(d: RunsData) -> str:
     rows = []
+    so_far = {c.cell.label: m for c, m in measured(d)}
     for c in d.cells:
-        m = measure(d, c)
+        m = so_far.get(c.cell.label)
         v = values(c)
         theirs = m is None or m["state"] == "reference"
         rows.append([c.cell.label, c.seeds_note(), fmt(v, 0) if v else "-",
@@ -395,7 +440,9 @@ def render(d: RunsData) -> str:
             f"over {r.cell.meta['per_rank']} images, itself at risk by the doctor's thresholds: "
             "gaps there are to syncbn at 4 x 2, not to an unbroken BN. " for r in refs
             if values(r) and at_risk(r.cell.meta["per_rank"], values(r)))
-        + "The rules are in bnlab/claims/values.py, written before these runs.", ""]))
+        + "The rules are in bnlab/claims/values.py, written before these runs but for rule v4 "
+        f"(more seeds where {MIN_SEEDS} leave a cell unclear), written after some were seen.",
+        ""]))
 
 
 def lost_seed(m: dict) -> bool:
@@ -411,9 +458,10 @@ def style(m: dict) -> dict:
             "color": "0.5" if ref else f"C{sorted(MARKERS).index(n)}" if n in MARKERS else "C5"}
 
 
-def legend(ms: list[dict]) -> tuple[list, list[str]]:
-    """One entry per images per rank that a cell has, then the references and the markings,
-    whichever panel draws them (a point left unread keeps its shape, greyed)."""
+def legend(ms: list[dict], gap: bool) -> tuple[list, list[str]]:
+    """One entry per images per rank that a cell has, then the references and the markings
+    that the panel (`gap`, else the jitter's) draws (a point left unread keeps its shape,
+    greyed)."""
     from matplotlib.lines import Line2D
     handles, labels = [], []
     for n in sorted({m["images"] for m in ms if m["state"] != "reference"}):
@@ -422,10 +470,13 @@ def legend(ms: list[dict]) -> tuple[list, list[str]]:
     if any(m["state"] == "reference" for m in ms):
         handles.append(Line2D([], [], **style({"images": 8, "state": "reference"})))
         labels.append("1 x 8 reference")
-    if any(lost_seed(m) for m in ms):
+    if any(m.get("pending") for m in ms):
+        handles.append(Line2D([], [], marker="o", ms=7, ls="none", color="0.3", alpha=0.35))
+        labels.append(f"faded: on {MIN_SEEDS} seeds, rule v4's seeds to come")
+    if gap and any(lost_seed(m) for m in ms):
         handles.append(Line2D([], [], marker="x", ms=9, ls="none", color="C3"))
         labels.append("diverged on a seed: breaks (gap over the other seeds)")
-    if any(m["jstate"] == "untestable" for m in ms):
+    if not gap and any(m["jstate"] == "untestable" for m in ms):
         handles.append(Line2D([], [], marker="o", ms=7, ls="none", color="0.7", mfc="none"))
         labels.append("grey, hollow: reference not steady, not read")
     return handles, labels
@@ -448,18 +499,16 @@ def plot(d: RunsData, path: Path) -> None:
                 continue
             err = [[y - lo], [hi - y]] if lo is not None and hi is not None else None
             unread = ax is axes[1] and m["jstate"] == "untestable"  # drawn, not read
-            ax.errorbar([x], [y], yerr=err, capsize=3,
+            ax.errorbar([x], [y], yerr=err, capsize=3, alpha=0.35 if m.get("pending") else 1,
                         **({**kw, "color": "0.7", "mfc": "none"} if unread else kw))
             if diverged and ax is axes[0]:
                 ax.plot([x], [y], marker="x", ms=9, ls="none", color="C3")
-    if lost:  # at the top of the gap panel, where the worst cells are
-        top = axes[0].get_ylim()[1]
-        for x, kw in lost:
-            axes[0].plot([x], [top], **{**kw, "marker": "x", "ms": 9, "color": "C3"})
+    for x, kw in lost:  # at the top of the gap panel, where the worst cells are
+        axes[0].plot([x], [0.96], transform=axes[0].get_xaxis_transform(),
+                     **{**kw, "marker": "x", "ms": 9, "color": "C3"})
     if not any(m["state"] != "reference" for m in ms):
         for ax in axes:
             nothing_yet(ax, "no cell and its 1 x 8 reference have all their seeds yet")
-    handles, labels = legend(ms)
     for ax, y, ylabel, title, line in (
             (axes[0], 0, "accuracy lost to 1 x 8 (points)", "accuracy gap to the reference",
              (BREAK, f"breaks at {BREAK:g} points lost (interval above 0)")),
@@ -474,6 +523,7 @@ def plot(d: RunsData, path: Path) -> None:
                ylabel=ylabel)
         ax.grid(alpha=0.3)
         lines, names = ax.get_legend_handles_labels()  # the thresholds first, then the cells
+        handles, labels = legend(ms, ax is axes[0])
         ax.legend(lines + handles, names + labels, fontsize=8)
     save(fig, path, "Where BN breaks: global batch 8, only the grouping changes")
 

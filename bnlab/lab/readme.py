@@ -58,13 +58,16 @@ def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]]) ->
         [t for t, d in built if isinstance(d, RunsData)]  # the tables still short of seeds
     again = "`make tables`" if marker == "claims" else ", ".join(f"`{t.make}`" for t in going)
     tables = "the table calls" if len(sweeps) == 1 else f"the {n} tables call"
-    marked = not all(v.final for v in verdicts)
+    marked = any(v.mark(True) for v in verdicts)
+    waiting = any(v.verdict == "not run yet" for v in verdicts)
+    which = " and ".join(x for x, there in (
+        ("the verdicts marked preliminary may change", marked),
+        ("those not run yet wait for their runs", waiting)) if there)
     status = "" if done == expected else (
         f"**Preliminary:** {done} of the {expected} runs {tables} for have "
         f"finished ({short} of {len(unique)} cells lack seeds); the sweep goes on with "
-        f"{again}, and " + ("the verdicts marked preliminary may change (the others have "
-                            "every seed their rules read). " if marked else
-                            "only the findings may change: every verdict has every seed "
+        f"{again}, and " + (f"{which} (the others have every seed their rules read). " if which
+                            else "only the findings may change: every verdict has every seed "
                             "its rule reads. "))
     runs = [r for c in cells for r in c.runs]
     settings = {(s.jobs, s.budget("all")) for s in sweeps}

@@ -129,13 +129,15 @@ def test_the_preliminary_line_says_which_verdicts_can_change(tmp_path):
     spec = load_spec(EXPERIMENTS / "lr" / "sweep.yaml")
     cells = [CellResult(c, [], len(c.seeds)) for c in spec.cells]  # every seed to come
     readme = tmp_path / "README.md"
-    for final, says in ((False, "the verdicts marked preliminary may change"),
-                        (True, "only the findings may change: every verdict has every seed")):
-        def verdicts(_, final=final):
-            return [Verdict("C99", "make table-x", "c", "o", "partly", "w", final=final)]
+    for final, verdict, says in (
+            (False, "partly", "the verdicts marked preliminary may change (the others"),
+            (True, "partly", "only the findings may change: every verdict has every seed"),
+            (False, "not run yet", "those not run yet wait for their runs (the others")):
+        def verdicts(_, final=final, verdict=verdict):
+            return [Verdict("C99", "make table-x", "c", "o", verdict, "w", final=final)]
         t = Table("x", ("C99",), None, None, verdicts)
         readme.write_text("<!-- x:begin -->\n<!-- x:end -->\n")
         write_verdicts(readme, "x", [(t, RunsData(spec, cells, "t", tmp_path, tmp_path))])
         text = readme.read_text()
         assert "**Preliminary:** 0 of the" in text and says in text, text
-        assert ("(preliminary)" in text) is not final
+        assert ("(preliminary)" in text) is (says.startswith("the verdicts marked"))

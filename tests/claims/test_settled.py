@@ -528,27 +528,52 @@ def test_rule_v4_extends_a_cell_three_seeds_leave_unclear_and_says_what_three_ga
     wide = [3.0, -1.0, 2.0]  # mean 1.3, 95% interval to about 6.5: unclear
     d = values_data(tmp_path, {**breaking, ("resnet20", 4): wide})
     assert [c.cell.label for c in values.to_extend(d)] == ["resnet20 2x4", "resnet20 1x8"]
-    text, _ = values.extension(d)
+    text, few = values.extension(d)
     assert "rule v4 asks for seeds 3, 4 of resnet20 2x4, resnet20 1x8" in text
+    assert few == "rule v4 asks for more seeds of resnet20 2x4, resnet20 1x8; on 3 seeds: undecided"
     assert values.governs(d)[0] == "undecided"
+    # the spec asks for seeds 3 and 4, still to come: the cell shows its 3 seeds, pending,
+    # and its neighbour on the same reference is read as before
+    for k in (4, 8):
+        c = cell_of(d, "resnet20", k)
+        c.cell.seeds, c.expected = [0, 1, 2, 3, 4], 5
+    assert values.measure(d, cell_of(d, "resnet20", 4)) is None
+    shown = {c.cell.label: m for c, m in values.measured(d)}
+    assert shown["resnet20 2x4"]["pending"] and shown["resnet20 2x4"]["state"] == "unclear"
+    assert shown["resnet20 4x2"]["state"] == "holds" and "pending" not in shown["resnet20 4x2"]
+    assert "unclear (on its first 3 seeds; seeds 3, 4 to come)" in values.render(d)
+    assert "unclear (-1.3 pts vs 1x8) on 3 seeds, more to come" in values.governs(d)[1]
+    assert "asks for" not in values.extension(d)[0]
+    # all five in: judged on five pairs, and the change from three said
     five = {("resnet20", 4): 5, ("resnet20", 8): 5}
     d = values_data(tmp_path / "5", {**breaking, ("resnet20", 4): [*wide, 1.0, 1.0]},
                     seeds=five)
     m = values.measure(d, cell_of(d, "resnet20", 4))
     assert m["n"] == 5 and m["state"] == "holds" and m["hi"] < values.HOLD_BOUND
-    assert values.governs(d)[0] == "both"  # as test_both_and_neither_alone, on 5 seeds
+    assert values.measure(d, cell_of(d, "resnet20", 2))["n"] == 3  # its own seeds only
+    assert values.governs(d)[0] == "both"
     text, few = values.extension(d)
     assert text.startswith("resnet20 2x4, resnet20 1x8: seeds beyond the first 3 (rule v4")
-    assert "asks for" not in text and "without rule v4's reason" not in text
-    assert text.endswith("the collapse undecided, the doctor's thresholds undecided.")
-    assert values.finding(d).endswith("[seeds added where 3 were unclear (rule v4, after runs "
-                                      "were seen); on 3: undecided]")
+    assert "asks for" not in text and "otherwise than" not in text
+    assert "changed by the extra seeds: resnet20 2x4: unclear on 3 seeds, holds on 5" in text
+    jitter3 = values.governs(values.first_seeds(d), "jstate")[0]
+    assert text.endswith("on every cell's first 3 seeds the rules give: the collapse "
+                         f"undecided, the jitter {jitter3}, the doctor's thresholds undecided.")
+    assert few == ("more seeds for resnet20 2x4, resnet20 1x8 (rule v4, after runs were "
+                   "seen); on 3 seeds: undecided")
+    assert values.finding(d).endswith(f"[{few}]")
     assert "More seeds: resnet20 2x4" in values.render(d)
+    # a reference seed that diverges among the extra ones leaves the cells without it alone
+    ref = cell_of(d, "resnet20", 8)
+    ref.runs[4].status = "diverged"
+    assert values.measure(d, cell_of(d, "resnet20", 2))["state"] == "holds"
+    assert values.measure(d, cell_of(d, "resnet20", 4))["why"] == "its reference diverged"
     # more seeds where 3 had decided: outside the rule, and said
     d = values_data(tmp_path / "x", {**breaking, ("resnet18 32 px", 4): 8.0},
                     seeds={("resnet18 32 px", 4): 5})
-    assert values.extension(d)[0].startswith("resnet18 32 px 2x4: seeds beyond")
-    assert "resnet18 32 px 2x4 extended without rule v4's reason" in values.extension(d)[0]
+    text, few = values.extension(d)
+    assert "resnet18 32 px 2x4 extended otherwise than rule v4 says" in text
+    assert "resnet18 32 px 2x4 extended outside rule v4" in few
     assert values.extension(values_data(tmp_path / "n", breaking)) == ("", "")
 
 
