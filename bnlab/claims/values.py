@@ -16,8 +16,8 @@ bn_values_per_channel): 2, 4 (8 at the reference) at 32 px; 4, 8, 16 (32) at 64 
 images (32 px) and from 1 (64 px); 8 from 2 images (64 px) and from 8 (the 32 px reference,
 which the rules below do not read: its gap is 0 by definition).
 Every cell runs the settled headline protocol (configs/experiment/headline.yaml) shortened to
-10 epochs for every cell (the budget: the 64 px cells cost about 4 times the 32 px ones), the
-plateau its second half, 3 seeds (5 where rule v4 adds them). Writes
+10 epochs for every cell (the budget: a 64 px cell was estimated, before the runs, at 4 times
+a 32 px one), the plateau its second half, 3 seeds (5 where rule v4 adds them). Writes
 experiments/values/{table.md, values.png}.
 
 The rules, in their fourth version (experiments/README.md names the commits). The first three
