@@ -237,7 +237,7 @@ def separation(points: list[tuple[int, int | None, str]]) -> tuple[str, str]:
     if not bad:
         least = min(i for i, _ in ok)
         return "BN does not break in this range", (
-            f"nothing to flag from {least} image{'s' * (least != 1)} and "
+            f"nothing to flag from {images(least)} and "
             f"{min(v for _, v in ok)} values per channel up")
     if not ok:
         return "BN breaks in every cell", ""
@@ -270,10 +270,14 @@ def words(ms: list[dict], key: str = "state") -> str:
                      for m in sorted(ms, key=lambda m: (m["values"] or 0, m["images"])))
 
 
+def images(n: int) -> str:
+    """'1 image', '4 images'."""
+    return f"{n} image{'s' * (n != 1)}"
+
+
 def where(m: dict) -> str:
     """'4 values from 1 image'."""
-    n = m["images"]
-    return f"{m['values']} values from {n} image{'s' * (n != 1)}"
+    return f"{m['values']} values from {images(m['images'])}"
 
 
 def governs(d: RunsData, key: str = "state") -> tuple[str, str]:
@@ -334,10 +338,11 @@ def first_seeds(d: RunsData) -> RunsData:
     return replace(d, cells=cut)
 
 
-def to_extend(d: RunsData) -> list[CellResult]:
-    """The cells rule v4 gives more seeds, with their references, from their first seeds:
-    unclear on exactly MIN_SEEDS pairs because the interval is too wide."""
-    first = first_seeds(d)
+def to_extend(d: RunsData, first: RunsData | None = None) -> list[CellResult]:
+    """The cells rule v4 gives more seeds, with their references, from their first seeds
+    (`first`: first_seeds(d), where the caller has it): unclear on exactly MIN_SEEDS pairs
+    because the interval is too wide."""
+    first = first or first_seeds(d)
     asked = {}
     for c in first.cells:
         m = measure(first, c)
@@ -353,7 +358,8 @@ def extension(d: RunsData) -> tuple[str, str]:
     state the extra seeds changed, and what the rules give on every cell's first seeds;
     ("", "") where no cell needs or has more."""
     have = [c for c in d.cells if len(c.cell.seeds) > MIN_SEEDS]
-    asked = to_extend(d)
+    first = first_seeds(d)
+    asked = to_extend(d, first)
     if not have and not asked:
         return "", ""
     labels = {c.cell.label for c in asked}
@@ -376,7 +382,6 @@ def extension(d: RunsData) -> tuple[str, str]:
                      f"{', '.join(map(str, right))} for a cell unclear on {MIN_SEEDS} and its "
                      "reference)")
         few.append(f"{', '.join(outside)} extended outside rule v4")
-    first = first_seeds(d)
     then = {c.cell.label: m for c, m in measured(first)}
     now = {c.cell.label: m for c, m in measured(d) if not m.get("pending")}
     if changed := [f"{k}: {then[k]['state']} on {MIN_SEEDS} seeds, {m['state']} on {m['n']}"
@@ -466,7 +471,7 @@ def legend(ms: list[dict], gap: bool) -> tuple[list, list[str]]:
     handles, labels = [], []
     for n in sorted({m["images"] for m in ms if m["state"] != "reference"}):
         handles.append(Line2D([], [], **style({"images": n, "state": ""})))
-        labels.append(f"{n} image{'s' * (n != 1)} per rank")
+        labels.append(f"{images(n)} per rank")
     if any(m["state"] == "reference" for m in ms):
         handles.append(Line2D([], [], **style({"images": 8, "state": "reference"})))
         labels.append("1 x 8 reference")
