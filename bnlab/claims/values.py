@@ -67,6 +67,12 @@ below) came after runs were seen:
   line say which cells got them, which cells the rule still asks to extend, and what the
   rules above give on every cell's first MIN_SEEDS seeds (first_seeds), which is the verdict
   this rule changes where it changes one.
+
+Added after every run was in, as a reading that changes no verdict (count_rules): where no pair
+of thresholds separates the cells ("neither alone"), the table says how few holding cells a rule
+"at risk below i images or below v values" must flag to flag every breaking cell, which cells
+force it, whether the doctor's rule does that well, whether these cells test its values
+threshold at all, and how many cells below its images threshold broke (the README line too).
 """
 
 from __future__ import annotations
@@ -170,7 +176,8 @@ def measure(d: RunsData, c: CellResult) -> dict | None:
     ref = shared(reference(d, c), c)
     if not (finished(c) and finished(ref)):
         return None
-    base = {"values": values(c), "images": c.cell.meta["per_rank"], "input": c.cell.meta["input"],
+    base = {"label": c.cell.label, "values": values(c), "images": c.cell.meta["per_rank"],
+            "input": c.cell.meta["input"],
             "acc": c.jstat("plateau_acc"), "vn": c.jstat("vn_sd")}
     if c is ref:
         return {**base, "gap": 0.0, "lo": None, "hi": None, "jitter": 1.0, "jlo": None,
@@ -287,7 +294,7 @@ def governs(d: RunsData, key: str = "state") -> tuple[str, str]:
         return "not run yet", words([m for _, m in measured(d) if m["state"] != "reference"],
                                     key)
     if key != "jstate":
-        return separation([(m["images"], m["values"], m[key]) for m in ms])[0], words(ms, key)
+        return separation(points(ms, key))[0], words(ms, key)
     left_out = sorted({m["input"] for m in ms if m["jstate"] == "untestable"})
     ms_read = [m for m in ms if m["jstate"] != "untestable"]
     if not ms_read:
@@ -310,7 +317,7 @@ def thresholds(d: RunsData) -> tuple[str, str]:
     ms = read(d)
     if ms is None:
         return "not run yet", ""
-    answer, instead = separation([(m["images"], m["values"], m["state"]) for m in ms])
+    answer, instead = separation(points(ms))
     if answer == "undecided":
         return "undecided (a cell is unclear or lacks its values per channel)", ""
     missed = [m for m in ms if m["state"] == "breaks" and not flagged(m)]
@@ -325,6 +332,96 @@ def thresholds(d: RunsData) -> tuple[str, str]:
         why.append(f"{len(over)} holding cell(s) flagged: "
                    + "; ".join(where(m) for m in over))
     return "not supported (" + "; ".join(why) + ")", instead
+
+
+def points(ms: list[dict], key: str = "state") -> list[tuple[int, int | None, str]]:
+    """The cells as separation reads them: (images, values, state)."""
+    return [(m["images"], m["values"], m[key]) for m in ms]
+
+
+def neither(ms: list[dict] | None) -> bool:
+    """Every cell measured, and no pair of thresholds separates them."""
+    return ms is not None and separation(points(ms))[0] == "neither alone"
+
+
+def fewest_flagged(ms: list[dict]) -> int:
+    """Over every rule 'at risk below i images or below v values' (i and v one past a level the
+    cells have, or 0: no threshold) that flags every breaking cell, the fewest holding cells
+    it flags."""
+    def cuts(levels: set[int]) -> list[int]:
+        return [0] + sorted(x + 1 for x in levels)
+    bad = [m for m in ms if m["state"] == "breaks"]
+    ok = [m for m in ms if m["state"] == "holds"]
+    return min(sum(at_risk(m["images"], m["values"], min_values=v, min_images=i) for m in ok)
+               for i in cuts({m["images"] for m in ms}) for v in cuts({m["values"] for m in ms})
+               if all(at_risk(m["images"], m["values"], min_values=v, min_images=i)
+                      for m in bad))
+
+
+def cells(k: int, n: int, kind: str = "") -> str:
+    """k of n cells in words: 'the one cell', 'both holding cells', 'all 7 cells', 'no cell',
+    'none of the 3 cells', '2 of the 7 cells'."""
+    noun = f"{kind} cell".strip()
+    if k == n:
+        return f"the one {noun}" if n == 1 else f"both {noun}s" if n == 2 else f"all {n} {noun}s"
+    if k == 0:
+        return f"no {noun}" if n == 1 else f"none of the {n} {noun}s"
+    return f"{k} of the {n} {noun}s"
+
+
+def few_images(ms: list[dict]) -> str:
+    """'below 8 images per rank, BN broke in 6 of the 7 cells, at 2 to 256 values per
+    channel' (the doctor's images threshold; "" where no cell is below it)."""
+    below = [m for m in ms if m["images"] < MIN_IMAGES]
+    broke = sorted(m["values"] for m in below if m["state"] == "breaks")
+    if not below:
+        return ""
+    at = "" if not broke else f", at {broke[0]} values per channel" if broke[0] == broke[-1] \
+        else f", at {broke[0]} to {broke[-1]} values per channel"
+    return f"below {images(MIN_IMAGES)} per rank, BN broke in {cells(len(broke), len(below))}{at}"
+
+
+def count_rules(d: RunsData) -> str:
+    """Where no pair of thresholds separates the cells ("neither alone"): how few holding cells
+    a rule 'at risk below i images or below v values' must flag to flag every breaking cell,
+    the cells that force it where single cells do (a breaking cell with no fewer images and no
+    fewer values than a holding one), how the doctor's rule compares and whether these cells
+    can place its thresholds at all. A reading added after every run was in, changing no
+    verdict; "" elsewhere."""
+    ms = read(d)
+    if not neither(ms):
+        return ""
+    ok = [m for m in ms if m["state"] == "holds"]
+    least = fewest_flagged(ms)
+    forced = list(dict.fromkeys(
+        (b["label"], f"the cell with {where(b)} breaks and the one with {where(h)} holds")
+        for h in ok for b in ms if b["state"] == "breaks"
+        and b["images"] >= h["images"] and b["values"] >= h["values"]))
+    then = {c.cell.label: m for c, m in measured(first_seeds(d))}
+    now = {m["label"]: m for m in ms}
+    later = [f"{k} breaks on {now[k]['n']} seed pairs, under rule v4; on its first "
+             f"{MIN_SEEDS} it was {then[k]['state']}" for k, _ in forced
+             if k in then and then[k]["state"] != "breaks"]
+    why = ("" if not forced else f": {'; '.join(w for _, w in forced)} (each breaking cell "
+           "named has no fewer images and no fewer values than the holding one beside it"
+           + "".join(f"; {x}" for x in later) + ")")
+    missed = sum(not flagged(m) for m in ms if m["state"] == "breaks")
+    over = sum(flagged(m) for m in ok)
+    if all(flagged(m) for m in ms):
+        mine = (f"flags every judged cell, each under {images(MIN_IMAGES)} per rank or under "
+                f"{MIN_VALUES} values per channel, so it flags {cells(over, len(ok), 'holding')}"
+                + (", as any such rule must" if over == least else "")
+                + "; no judged cell lies outside it, so these runs cannot tell whether lower "
+                "thresholds would do")
+    elif (missed, over) == (0, least):
+        mine = "misses no breaking cell and flags no more holding cells than any such rule must"
+    else:
+        mine = (f"misses {cells(missed, len(ms) - len(ok), 'breaking')} "
+                f"and flags {cells(over, len(ok), 'holding')}")
+    few = few_images(ms)
+    return (f"every rule 'at risk below i images or below v values' that flags every breaking "
+            f"cell flags {cells(least, len(ok), 'holding')}{why}. The doctor's rule {mine}"
+            + (f". {few[0].upper()}{few[1:]}" if few else ""))
 
 
 def first_seeds(d: RunsData) -> RunsData:
@@ -434,6 +531,8 @@ def render(d: RunsData) -> str:
         f"**The doctor's thresholds** (at risk below {MIN_IMAGES} images or {MIN_VALUES} values "
         f"per channel per rank): **{doc}**" + (f"; the data support {instead}." if instead
                                                else "."), "",
+        *([f"What a count rule can do here (a reading added after every run was in; it changes "
+           f"no verdict above): {rules}.", ""] if (rules := count_rules(d)) else []),
         f"Gap: the 1 x 8 reference's plateau accuracy minus the cell's, paired on the seed, mean "
         f"with a 95% t interval over seeds; breaks: gap >= {BREAK:g} points with the interval "
         f"above 0; holds: gap under {BREAK:g} points with the interval under {HOLD_BOUND:g}; "
@@ -547,10 +646,15 @@ def finding(d: RunsData) -> str:
         _, so_far = governs(d)
         return ("Where BN breaks (values per channel): runs still to come" +
                 (f"; so far {so_far}" if so_far else "") + note)
-    answer, instead = separation([(m["images"], m["values"], m["state"]) for m in ms])
+    answer, instead = separation(points(ms))
     doc, _ = thresholds(d)
+    after = ""
+    if neither(ms):  # count_rules' reading, in a few words
+        after = ("; read after the runs: " + few_images(ms) + ("; " if few_images(ms) else "")
+                 + "no rule 'below i images or below v values' separates the cells"
+                 + (", and the doctor's rule flags every one" if all(map(flagged, ms)) else ""))
     return (f"Where BN breaks: {answer}" + (f" ({instead})" if instead else "")
-            + f"; the doctor's thresholds: {doc.split(' (')[0]}{note}")
+            + f"; the doctor's thresholds: {doc.split(' (')[0]}{note}{after}")
 
 
 TABLE = table.Table("values", (), table.runs_data, render, verdicts, plot, block="settled",

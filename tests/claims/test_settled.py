@@ -497,6 +497,93 @@ def test_both_and_neither_alone(tmp_path):
     assert values.governs(d)[0] == "neither alone"
 
 
+COMMITTED = {("resnet18 32 px", 2): 20.0, ("resnet18 32 px", 4): 7.0, ("resnet20", 2): 9.0,
+             ("resnet20", 4): 5.0, ("resnet18 64 px", 2): 5.0, ("resnet18 64 px", 1): 20.0}
+# the committed cells' pattern: 4 images break at 4 and 256 values and hold at 16, every other
+# cell breaks
+
+
+def test_where_no_count_rule_fits_the_table_says_how_close_the_doctor_s_comes(tmp_path):
+    d = values_data(tmp_path, COMMITTED)
+    assert values.governs(d)[0] == "neither alone"
+    rules = values.count_rules(d)
+    assert rules.startswith(
+        "every rule 'at risk below i images or below v values' that flags every breaking cell "
+        "flags the one holding cell: the cell with 256 values from 4 images breaks and the one "
+        "with 16 values from 4 images holds (each breaking cell named has no fewer images and "
+        "no fewer values than the holding one beside it). ")
+    assert ("The doctor's rule flags every judged cell, each under 8 images per rank or under "
+            "16 values per channel, so it flags the one holding cell, as any such rule must; no "
+            "judged cell lies outside it") in rules
+    assert rules.endswith("Below 8 images per rank, BN broke in 6 of the 7 cells, at 2 to 256 "
+                          "values per channel")
+    assert f"What a count rule can do here (a reading added after every run was in; it " \
+           f"changes no verdict above): {rules}." in values.render(d)
+    assert values.finding(d) == (
+        "Where BN breaks: neither alone; the doctor's thresholds: not supported; read after the "
+        "runs: below 8 images per rank, BN broke in 6 of the 7 cells, at 2 to 256 values per "
+        "channel; no rule 'below i images or below v values' separates the cells, and the "
+        "doctor's rule flags every one")
+
+
+def test_the_cell_that_forces_the_doctor_s_overflag_says_when_rule_v4_made_it_break(tmp_path):
+    # resnet20 2x4 unclear on its first 3 seeds, breaking on 5 (as in the committed runs)
+    gaps = {**COMMITTED, ("resnet20", 4): [5.0, 0.0, 3.0, 4.0, 4.0]}
+    d = values_data(tmp_path, gaps, seeds={("resnet20", 4): 5, ("resnet20", 8): 5})
+    assert "resnet20 2x4 breaks on 5 seed pairs, under rule v4; on its first 3 it was unclear" \
+        in values.count_rules(d)
+
+
+def test_a_doctor_s_rule_that_misses_breaking_cells_is_not_called_the_closest(tmp_path,
+                                                                               monkeypatch):
+    d = values_data(tmp_path, COMMITTED)
+    monkeypatch.setattr(values, "flagged", lambda m: m["values"] < 16)  # values alone
+    assert "The doctor's rule misses 2 of the 6 breaking cells and flags no holding cell." \
+        in values.count_rules(d)
+    assert values.finding(d).endswith("separates the cells")
+
+
+def test_the_count_rule_reading_only_where_no_pair_of_thresholds_separates(tmp_path):
+    d = values_data(tmp_path, {("resnet18 32 px", 2): 20.0, ("resnet18 64 px", 1): 9.0})
+    assert values.governs(d)[0] == "both"
+    assert values.count_rules(d) == "" and "What a count rule" not in values.render(d)
+    assert "read after the runs" not in values.finding(d)
+
+
+def test_the_fewest_holding_cells_a_count_rule_must_flag():
+    def cell(i, v, st):
+        return {"images": i, "values": v, "state": st}
+    # to flag (4, 256) a rule needs more than 4 images or more than 256 values; the second
+    # spares the hold at (2, 512), the first flags both holds
+    ms = [cell(4, 256, "breaks"), cell(1, 4, "breaks"), cell(4, 16, "holds"),
+          cell(2, 512, "holds")]
+    assert values.fewest_flagged(ms) == 1
+    assert values.fewest_flagged([cell(2, 8, "breaks"), cell(4, 16, "holds")]) == 0
+    assert values.fewest_flagged([cell(4, 16, "breaks"), cell(2, 8, "holds")]) == 1
+    rng = np.random.default_rng(0)  # against every integer threshold pair, on random cells
+    for _ in range(200):
+        ms = [cell(int(rng.integers(1, 9)), int(rng.integers(1, 40)),
+                   "breaks" if rng.random() < 0.5 else "holds") for _ in range(5)]
+        bad = [m for m in ms if m["state"] == "breaks"]
+        ok = [m for m in ms if m["state"] == "holds"]
+        brute = min(sum(m["images"] < i or m["values"] < v for m in ok)
+                    for i in range(11) for v in range(42)
+                    if all(m["images"] < i or m["values"] < v for m in bad))
+        assert values.fewest_flagged(ms) == brute
+
+
+def test_a_few_cells_in_words():
+    def cell(i, v, st):
+        return {"images": i, "values": v, "state": st}
+    assert values.few_images([cell(8, 16, "holds")]) == ""
+    assert values.few_images([cell(2, 16, "breaks")]) == (
+        "below 8 images per rank, BN broke in the one cell, at 16 values per channel")
+    assert values.few_images([cell(2, 16, "holds"), cell(4, 16, "holds")]) == (
+        "below 8 images per rank, BN broke in none of the 2 cells")
+    assert [values.cells(k, n, "holding") for k, n in [(0, 1), (2, 2), (3, 3), (1, 3)]] == [
+        "no holding cell", "both holding cells", "all 3 holding cells", "1 of the 3 holding cells"]
+
+
 def test_when_nothing_breaks_the_doctor_flags_too_much(tmp_path):
     d = values_data(tmp_path, {})
     assert values.governs(d)[0] == "BN does not break in this range"
