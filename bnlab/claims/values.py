@@ -67,11 +67,23 @@ below) came after runs were seen:
   line say which cells got them, which cells the rule still asks to extend, and what the
   rules above give on every cell's first MIN_SEEDS seeds (first_seeds), which is the verdict
   this rule changes where it changes one.
+- Rule v5, the global batch 16 block (written after every batch-8 run had been seen, before
+  any of its own runs). Every batch-8 cell is flagged by the doctor, so none can tell whether
+  its thresholds sit too high. On each input, 2 x 8 (8 images per rank) runs against 1 x 16
+  (its reference, which BN at 16 images per rank computes), at the same rate, epochs and seeds
+  (cells with `batch: 16` in the spec). Each 2 x 8 cell is judged by the rules above (gap,
+  state, rule v4's extra seeds, jitter against its reference's control) against its input's
+  1 x 16; these cells enter none of the batch-8 verdicts above (another global batch). The
+  doctor flags resnet18 32 px 2x8 (8 values per channel) and passes resnet18 64 px 2x8 (32)
+  and resnet20 2x8 (512). Its thresholds at 8 images per rank: undecided while any of these
+  cells is unclear or still to run; supported where every cell it flags breaks and every cell
+  it passes holds; else not supported, naming each cell it gets wrong. The words say on which
+  inputs 8 images per rank held and on which BN broke.
 
-Added after every run was in, as a reading that changes no verdict (count_rules): where no pair
-of thresholds separates the cells ("neither alone"), the table says how few holding cells a rule
-"at risk below i images or below v values" must flag to flag every breaking cell, which cells
-force it, whether the doctor's rule does that well, whether these cells test its values
+Added after every batch-8 run was in, as a reading that changes no verdict (count_rules): where
+no pair of thresholds separates the cells ("neither alone"), the table says how few holding cells
+a rule "at risk below i images or below v values" must flag to flag every breaking cell, which
+cells force it, whether the doctor's rule does that well, whether these cells test its values
 threshold at all, and how many cells below its images threshold broke (the README line too).
 """
 
@@ -106,9 +118,15 @@ def groups(d: RunsData) -> dict[str, list[CellResult]]:
     return out
 
 
+def batch(c: CellResult) -> int:
+    """The cell's global batch: 8, or 16 in rule v5's block."""
+    return c.cell.meta.get("batch", 8)
+
+
 def reference(d: RunsData, c: CellResult) -> CellResult:
-    """The cell's input's 1 x 8 cell (tests/claims/test_pilot.py checks the spec has one)."""
-    return next(r for r in groups(d)[c.cell.meta["input"]] if r.cell.meta["per_rank"] == 8)
+    """The cell's input's 1 x batch cell (tests/claims/test_pilot.py checks the spec has one)."""
+    return next(r for r in groups(d)[c.cell.meta["input"]]
+                if batch(r) == batch(c) and r.cell.meta["per_rank"] == batch(c))
 
 
 def values(c: CellResult) -> int | None:
@@ -176,8 +194,8 @@ def measure(d: RunsData, c: CellResult) -> dict | None:
     ref = shared(reference(d, c), c)
     if not (finished(c) and finished(ref)):
         return None
-    base = {"label": c.cell.label, "values": values(c), "images": c.cell.meta["per_rank"],
-            "input": c.cell.meta["input"],
+    base = {"label": c.cell.label, "batch": batch(c), "values": values(c),
+            "images": c.cell.meta["per_rank"], "input": c.cell.meta["input"],
             "acc": c.jstat("plateau_acc"), "vn": c.jstat("vn_sd")}
     if c is ref:
         return {**base, "gap": 0.0, "lo": None, "hi": None, "jitter": 1.0, "jlo": None,
@@ -224,9 +242,11 @@ def measured(d: RunsData) -> list[tuple[CellResult, dict]]:
     return out
 
 
-def read(d: RunsData) -> list[dict] | None:
-    """Every cell but the references, measured; None while any is still to come."""
-    out = [m for c in d.cells if c is not reference(d, c) for m in [measure(d, c)]]
+def read(d: RunsData, size: int = 8) -> list[dict] | None:
+    """Every cell of one global batch but the references, measured; None while any is still to
+    come."""
+    out = [m for c in d.cells if batch(c) == size and c is not reference(d, c)
+           for m in [measure(d, c)]]
     return None if not out or any(m is None for m in out) else out
 
 
@@ -291,7 +311,8 @@ def governs(d: RunsData, key: str = "state") -> tuple[str, str]:
     """(answer, the cells in words) by the rule; key "jstate" for the jitter."""
     ms = read(d)
     if ms is None:
-        return "not run yet", words([m for _, m in measured(d) if m["state"] != "reference"],
+        return "not run yet", words([m for _, m in measured(d)
+                                     if m["state"] != "reference" and m["batch"] == 8],
                                     key)
     if key != "jstate":
         return separation(points(ms, key))[0], words(ms, key)

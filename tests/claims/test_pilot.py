@@ -127,13 +127,15 @@ def test_every_values_input_has_one_reference_and_two_levels_meet_from_different
     from bnlab.paths import EXPERIMENTS
 
     cells = load_spec(EXPERIMENTS / "values" / "sweep.yaml").cells
-    inputs = {c.meta["input"] for c in cells}
-    assert all(sum(c.meta["per_rank"] == 8 for c in cells if c.meta["input"] == i) == 1
-               for i in inputs)
+    blocks = {(c.meta["input"], c.meta.get("batch", 8)) for c in cells}
+    assert {b for _, b in blocks} == {8, 16}  # rule v5 adds global batch 16
+    assert all(sum(c.meta["per_rank"] == b for c in cells
+                   if (c.meta["input"], c.meta.get("batch", 8)) == (i, b)) == 1
+               for i, b in blocks)
     area = {"resnet18 32 px": 1, "resnet18 64 px": 4, "resnet20": 64}  # smallest BN map
     level = {}
     for c in cells:
-        if c.meta["per_rank"] != 8:
+        if c.meta["per_rank"] != 8 and c.meta.get("batch", 8) == 8:
             level.setdefault(c.meta["per_rank"] * area[c.meta["input"]], set()).add(
                 c.meta["per_rank"])
     assert any(len(images) > 1 for images in level.values()), level
