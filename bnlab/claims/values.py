@@ -173,9 +173,10 @@ def state(gap: float, lo: float | None, hi: float | None, n: int) -> str:
 
 
 def control(ref: CellResult) -> lrtable.Control:
-    """table-lr's control check on an input's 1 x 8 reference: does its jitter stand still?"""
+    """table-lr's control check on an input's 1 x batch reference: does its jitter stand
+    still?"""
     return lrtable.control_check(ref, ref.cell.cfg.get("optim", {}).get("lr", math.nan),
-                                 f"{ref.cell.meta['input']}'s 1 x 8 reference")
+                                 f"{ref.cell.meta['input']}'s 1 x {batch(ref)} reference")
 
 
 def shared(ref: CellResult, c: CellResult) -> CellResult:
@@ -291,7 +292,8 @@ def words(ms: list[dict], key: str = "state") -> str:
         x = m["gap"] if key == "state" else m["jitter"]
         if x is None or not math.isfinite(x):
             return ""
-        return f" ({-round(x, 1) + 0.0:+.1f} pts vs 1x8)" if key == "state" else f" ({x:.2f}x)"
+        return (f" ({-round(x, 1) + 0.0:+.1f} pts vs 1x{m['batch']})" if key == "state"
+                else f" ({x:.2f}x)")
     return ", ".join(f"{where(m)}: {m[key]}{number(m)}"
                      + (f" on {MIN_SEEDS} seeds, more to come" if m.get("pending") else "")
                      for m in sorted(ms, key=lambda m: (m["values"] or 0, m["images"])))
@@ -445,6 +447,33 @@ def count_rules(d: RunsData) -> str:
             + (f". {few[0].upper()}{few[1:]}" if few else ""))
 
 
+def eight(d: RunsData) -> tuple[str, str]:
+    """Rule v5 on the global batch 16 block: (the doctor's thresholds at 8 images per rank:
+    supported | not supported (why) | undecided | not run yet, the cells in words with whether
+    the doctor flags each)."""
+    ms = read(d, 16)
+    so_far = ms if ms is not None else [m for _, m in measured(d)
+                                        if m["batch"] == 16 and m["state"] != "reference"]
+    said = "; ".join(f"{m['input']}, {where(m)}: {m['state']}"
+                     + (f" ({-round(m['gap'], 1) + 0.0:+.1f} pts vs 1x16)"
+                        if math.isfinite(m["gap"]) else "")
+                     + (f" on {MIN_SEEDS} seeds, more to come" if m.get("pending") else "")
+                     + (", flagged by the doctor" if flagged(m) else ", passed by the doctor")
+                     for m in sorted(so_far, key=lambda m: m["values"] or 0))
+    if not any(batch(c) == 16 for c in d.cells):
+        return "", ""
+    if ms is None:
+        return "not run yet", said
+    if any(m["state"] == "unclear" or m["values"] is None for m in ms):
+        return "undecided (a cell is unclear or lacks its values per channel)", said
+    wrong = [m for m in ms if flagged(m) != (m["state"] == "breaks")]
+    if not wrong:
+        return "supported", said
+    return "not supported (" + "; ".join(
+        f"{m['input']}, {where(m)}: {'flagged, holds' if flagged(m) else 'passed, breaks'}"
+        for m in wrong) + ")", said
+
+
 def first_seeds(d: RunsData) -> RunsData:
     """Every cell cut to its first MIN_SEEDS seeds: the data as the rules before v4 read it."""
     cut = []
@@ -538,11 +567,12 @@ def render(d: RunsData) -> str:
     janswer, _ = governs(d, "jstate")
     refs = [c for c in d.cells if c is reference(d, c) and finished(c)]
     doc, instead = thresholds(d)
+    v5, v5_cells = eight(d)
     return table.runs_page(d, "\n".join([
         page.md_table(["cell", "seeds", "values per channel, smallest BN layer",
                         "images per rank", "plateau acc (%)", "von Neumann sd (pts)",
-                        "churn floor (pts)", "gap to 1x8 (pts, 95% interval)",
-                        "jitter / 1x8's (95% interval)", "state"], rows), "",
+                        "churn floor (pts)", "gap to 1 x batch (pts, 95% interval)",
+                        "jitter / 1 x batch's (95% interval)", "state"], rows), "",
         f"**What governs the collapse: {answer}** ({cells or 'no cell measured yet'}).", "",
         *([f"More seeds: {ext}", ""] if (ext := extension(d)[0]) else []),
         f"**What governs the jitter: {janswer}** (a cell counts where its jitter ratio's "
@@ -552,9 +582,13 @@ def render(d: RunsData) -> str:
         f"**The doctor's thresholds** (at risk below {MIN_IMAGES} images or {MIN_VALUES} values "
         f"per channel per rank): **{doc}**" + (f"; the data support {instead}." if instead
                                                else "."), "",
-        *([f"What a count rule can do here (a reading added after every run was in; it changes "
-           f"no verdict above): {rules}.", ""] if (rules := count_rules(d)) else []),
-        f"Gap: the 1 x 8 reference's plateau accuracy minus the cell's, paired on the seed, mean "
+        *([f"What a count rule can do here (a reading added after every batch-8 run was in; "
+           f"it changes no verdict above): {rules}.", ""] if (rules := count_rules(d)) else []),
+        *([f"**The doctor's thresholds at {images(MIN_IMAGES)} per rank** (global batch 16: "
+            f"2 x 8 against 1 x 16, rule v5): **{v5}** ({v5_cells or 'no cell measured yet'}).",
+           ""] if v5 else []),
+        f"Gap: the 1 x batch reference's plateau accuracy (1 x 8, or 1 x 16 for the global "
+        f"batch 16 cells) minus the cell's, paired on the seed, mean "
         f"with a 95% t interval over seeds; breaks: gap >= {BREAK:g} points with the interval "
         f"above 0; holds: gap under {BREAK:g} points with the interval under {HOLD_BOUND:g}; "
         f"else unclear (and with fewer than {MIN_SEEDS} seed pairs); a cell that diverged on a "
@@ -563,10 +597,13 @@ def render(d: RunsData) -> str:
         "ratios. Plateau: the second half of training. " + "".join(
             f"The {r.cell.meta['input']} reference normalizes {values(r)} values per channel "
             f"over {r.cell.meta['per_rank']} images, itself at risk by the doctor's thresholds: "
-            "gaps there are to syncbn at 4 x 2, not to an unbroken BN. " for r in refs
+            f"gaps there are to syncbn over the same {r.cell.meta['per_rank']} images, not to an "
+            "unbroken BN. " for r in refs
             if values(r) and at_risk(r.cell.meta["per_rank"], values(r)))
         + "The rules are in bnlab/claims/values.py, written before these runs but for rule v4 "
-        f"(more seeds where {MIN_SEEDS} leave a cell unclear), written after some were seen.",
+        f"(more seeds where {MIN_SEEDS} leave a cell unclear), written after some were seen, "
+        "and rule v5 (the global batch 16 block), written after every batch-8 run was seen and "
+        "before any of its own.",
         ""]))
 
 
@@ -589,12 +626,12 @@ def legend(ms: list[dict], gap: bool) -> tuple[list, list[str]]:
     greyed)."""
     from matplotlib.lines import Line2D
     handles, labels = [], []
-    for n in sorted({m["images"] for m in ms if m["state"] != "reference"}):
+    for n, size in sorted({(m["images"], m["batch"]) for m in ms if m["state"] != "reference"}):
         handles.append(Line2D([], [], **style({"images": n, "state": ""})))
-        labels.append(f"{images(n)} per rank")
-    if any(m["state"] == "reference" for m in ms):
+        labels.append(f"{images(n)} per rank" + (f" (global batch {size})" if size != 8 else ""))
+    if sizes := sorted({m["batch"] for m in ms if m["state"] == "reference"}):
         handles.append(Line2D([], [], **style({"images": 8, "state": "reference"})))
-        labels.append("1 x 8 reference")
+        labels.append(" and ".join(f"1 x {n}" for n in sizes) + " reference (gap 0)")
     if any(m.get("pending") for m in ms):
         handles.append(Line2D([], [], marker="o", ms=7, ls="none", color="0.3", alpha=0.35))
         labels.append(f"faded: on {MIN_SEEDS} seeds, rule v4's seeds to come")
@@ -633,11 +670,13 @@ def plot(d: RunsData, path: Path) -> None:
                      **{**kw, "marker": "x", "ms": 9, "color": "C3"})
     if not any(m["state"] != "reference" for m in ms):
         for ax in axes:
-            nothing_yet(ax, "no cell and its 1 x 8 reference have all their seeds yet")
+            nothing_yet(ax, "no cell and its reference have all their seeds yet")
     for ax, y, ylabel, title, line in (
-            (axes[0], 0, "accuracy lost to 1 x 8 (points)", "accuracy gap to the reference",
+            (axes[0], 0, "accuracy lost to the 1 x batch reference (points)",
+             "accuracy gap to the reference",
              (BREAK, f"breaks at {BREAK:g} points lost (interval above 0)")),
-            (axes[1], 1, "jitter / 1 x 8's jitter", "jitter against the reference", None)):
+            (axes[1], 1, "jitter / the reference's jitter", "jitter against the reference",
+             None)):
         ax.axhline(y, color="grey", lw=1)
         if line:
             ax.axhline(line[0], color="C3", ls=":", lw=1, label=line[1])
@@ -650,7 +689,8 @@ def plot(d: RunsData, path: Path) -> None:
         lines, names = ax.get_legend_handles_labels()  # the thresholds first, then the cells
         handles, labels = legend(ms, ax is axes[0])
         ax.legend(lines + handles, names + labels, fontsize=8)
-    save(fig, path, "Where BN breaks: global batch 8, only the grouping changes")
+    save(fig, path, "Where BN breaks: global batch 8 (and 16: 2 x 8 against 1 x 16), only the "
+                    "grouping changes")
 
 
 def verdicts(d: RunsData) -> list[Verdict]:
@@ -671,11 +711,31 @@ def finding(d: RunsData) -> str:
     doc, _ = thresholds(d)
     after = ""
     if neither(ms):  # count_rules' reading, in a few words
-        after = ("; read after the runs: " + few_images(ms) + ("; " if few_images(ms) else "")
+        few_below = few_images(ms)
+        after = ("; read after the batch-8 runs: " + few_below + ("; " if few_below else "")
                  + "no rule 'below i images or below v values' separates the cells"
                  + (", and the doctor's rule flags every one" if all(map(flagged, ms)) else ""))
     return (f"Where BN breaks: {answer}" + (f" ({instead})" if instead else "")
-            + f"; the doctor's thresholds: {doc.split(' (')[0]}{note}{after}")
+            + f"; the doctor's thresholds: {doc.split(' (')[0]}{note}{at_eight(d)}{after}")
+
+
+def at_eight(d: RunsData) -> str:
+    """Rule v5's block for the README line: '; at 8 images per rank (global batch 16, rule
+    v5): BN broke on resnet18 32 px, held on resnet20; the doctor's thresholds there:
+    supported' ("" without the block)."""
+    v5 = eight(d)[0]
+    if not v5:
+        return ""
+    head = f"; at {images(MIN_IMAGES)} per rank (global batch 16, rule v5): "
+    ms = read(d, 16)
+    if ms is None:
+        return head + "runs still to come"
+    by = {st: ", ".join(m["input"] for m in ms if m["state"] == st)
+          for st in ("breaks", "holds", "unclear")}
+    return (head + ", ".join(f"{verb} on {by[st]}" for st, verb in
+                             (("breaks", "BN broke"), ("holds", "held"), ("unclear", "unclear"))
+                             if by[st])
+            + f"; the doctor's thresholds there: {v5.split(' (')[0]}")
 
 
 TABLE = table.Table("values", (), table.runs_data, render, verdicts, plot, block="settled",

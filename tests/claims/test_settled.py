@@ -434,21 +434,31 @@ def values_run(d, gap: float, seed: int, values_per_channel: int | None, noise: 
 
 
 def values_data(tmp_path, gaps: dict[tuple[str, int], float], same_noise: bool = False,
-                seeds: dict[tuple[str, int], int] | None = None) -> RunsData:
+                seeds: dict[tuple[str, int], int] | None = None,
+                eight: dict[str, float | None] | None = None) -> RunsData:
     """The values spec's cells with these gaps to each input's 1x8 (3 seeds unless `seeds`
     says more; a gap may be a list, one per seed); each cell its own noise, or with
-    `same_noise` its reference's draw."""
+    `same_noise` its reference's draw. `eight`: rule v5's 2x8 cells and their 1x16, each
+    input's 2x8 at this gap (None: not run yet)."""
     out = []
-    for inp, (area, layouts) in LAYOUTS.items():
+    blocks = [(8, inp, area, layouts) for inp, (area, layouts) in LAYOUTS.items()]
+    blocks += [(16, inp, LAYOUTS[inp][0], (8, 16)) for inp in eight or {}]
+    for size, inp, area, layouts in blocks:
         for per_rank in layouts:
-            g = gaps.get((inp, per_rank), 0.0)
-            runs = [values_run(tmp_path / inp / str(per_rank) / f"s{s}",
-                               g[s] if isinstance(g, list) else g, s, per_rank * area,
-                               salt=0 if same_noise else len(out) + 1)
-                    for s in range((seeds or {}).get((inp, per_rank), 3))]
-            out.append((f"{inp} {8 // per_rank}x{per_rank}",
-                        {"input": inp, "per_rank": per_rank}, runs))
+            g = gaps.get((inp, per_rank), 0.0) if size == 8 else \
+                (eight[inp] if per_rank == 8 else 0.0)
+            runs = [] if g is None else [
+                values_run(tmp_path / f"{inp}{size}" / str(per_rank) / f"s{s}",
+                           g[s] if isinstance(g, list) else g, s, per_rank * area,
+                           salt=0 if same_noise else len(out) + 1)
+                for s in range((seeds or {}).get((inp, per_rank), 3) if size == 8 else 3)]
+            out.append((f"{inp} {size // per_rank}x{per_rank}",
+                        {"input": inp, "per_rank": per_rank,
+                         **({"batch": size} if size != 8 else {})}, runs))
     d = runs_data(tmp_path, out, epochs=10)
+    for c, (_, _, runs) in zip(d.cells, out, strict=True):
+        c.expected = 3 if not runs else len(runs)  # a cell not run yet still expects its seeds
+        c.cell.seeds = list(range(c.expected))
     for c in d.cells:  # the values spec's rate, as its real cells carry it
         c.cell.cfg["optim"] = {"lr": 0.00625}
     return d
@@ -517,11 +527,11 @@ def test_where_no_count_rule_fits_the_table_says_how_close_the_doctor_s_comes(tm
             "judged cell lies outside it") in rules
     assert rules.endswith("Below 8 images per rank, BN broke in 6 of the 7 cells, at 2 to 256 "
                           "values per channel")
-    assert f"What a count rule can do here (a reading added after every run was in; it " \
-           f"changes no verdict above): {rules}." in values.render(d)
+    assert f"What a count rule can do here (a reading added after every batch-8 run was in; " \
+           f"it changes no verdict above): {rules}." in values.render(d)
     assert values.finding(d) == (
         "Where BN breaks: neither alone; the doctor's thresholds: not supported; read after the "
-        "runs: below 8 images per rank, BN broke in 6 of the 7 cells, at 2 to 256 values per "
+        "batch-8 runs: below 8 images per rank, BN broke in 6 of the 7 cells, at 2 to 256 values per "
         "channel; no rule 'below i images or below v values' separates the cells, and the "
         "doctor's rule flags every one")
 
@@ -582,6 +592,39 @@ def test_a_few_cells_in_words():
         "below 8 images per rank, BN broke in none of the 2 cells")
     assert [values.cells(k, n, "holding") for k, n in [(0, 1), (2, 2), (3, 3), (1, 3)]] == [
         "no holding cell", "both holding cells", "all 3 holding cells", "1 of the 3 holding cells"]
+
+
+def test_rule_v5_tests_the_doctor_at_8_images_and_leaves_the_batch_8_verdicts_alone(tmp_path):
+    base = values.governs(values_data(tmp_path / "a", COMMITTED))
+    # the doctor flags 32 px 2x8 (8 values) and passes 64 px (32) and resnet20 (512)
+    d = values_data(tmp_path / "b", COMMITTED,
+                    eight={"resnet18 32 px": 5.0, "resnet18 64 px": 0.0, "resnet20": 0.0})
+    c = next(c for c in d.cells if c.cell.label == "resnet20 2x8")
+    assert values.reference(d, c).cell.label == "resnet20 1x16"
+    assert values.governs(d) == base  # another global batch: not in the batch-8 verdicts
+    verdict, said = values.eight(d)
+    assert verdict == "supported"
+    assert said.startswith("resnet18 32 px, 8 values from 8 images: breaks (-5.0 pts vs 1x16), "
+                           "flagged by the doctor; ")
+    assert "resnet20, 512 values from 8 images: holds" in said
+    assert "**The doctor's thresholds at 8 images per rank** (global batch 16: 2 x 8 against " \
+        "1 x 16, rule v5): **supported**" in values.render(d)
+    assert ("; at 8 images per rank (global batch 16, rule v5): BN broke on resnet18 32 px, "
+            "held on resnet18 64 px, resnet20; the doctor's thresholds there: supported; read "
+            "after the batch-8 runs: ") in values.finding(d)
+
+
+def test_rule_v5_names_the_cells_the_doctor_gets_wrong_and_waits_for_its_runs(tmp_path):
+    d = values_data(tmp_path, COMMITTED,
+                    eight={"resnet18 32 px": 0.0, "resnet18 64 px": 0.0, "resnet20": 6.0})
+    assert values.eight(d)[0] == (
+        "not supported (resnet18 32 px, 8 values from 8 images: flagged, holds; resnet20, 512 "
+        "values from 8 images: passed, breaks)")
+    d = values_data(tmp_path / "w", COMMITTED,
+                    eight={"resnet18 32 px": 5.0, "resnet18 64 px": None, "resnet20": 0.0})
+    assert values.eight(d)[0] == "not run yet"
+    assert "rule v5): runs still to come; read after" in values.finding(d)
+    assert values.governs(d)[0] == "neither alone"  # the batch-8 verdicts do not wait for it
 
 
 def test_when_nothing_breaks_the_doctor_flags_too_much(tmp_path):
