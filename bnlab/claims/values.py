@@ -4,10 +4,11 @@ channel normalizes over, with the number of samples separated from the number of
     python -m bnlab.claims values --data DIR --jobs 2   # sweep (hours on 2 cores), table
     python -m bnlab.claims values --report              # table from the runs' logs only
 
-Trains experiments/values/sweep.yaml: one global batch of 8 images, one learning rate (the
-pilot's, experiments/pilot), one data order (the seed's); only how BN groups the images
-changes: 4 ranks x 2, 2 x 4, 1 x 8 (simulated; 1 x 8 with bn computes exactly what syncbn at
-4 x 2 does, so it is each input's reference), and 8 x 1 on the 64 px input. And the values per
+Trains experiments/values/sweep.yaml: one global batch of 8 images (and, by rule v5 below, a
+block at 16), one learning rate (the pilot's, experiments/pilot), one data order (the seed's);
+only how BN groups the images changes: 4 ranks x 2, 2 x 4, 1 x 8 (simulated; 1 x 8 with bn
+computes exactly what syncbn at 4 x 2 does, so it is each input's reference), and 8 x 1 on the
+64 px input. And the values per
 image at the smallest BN map: torchvision resnet18 on 32 px images (1x1 in layer4), the same
 model on images resized to 64 px (data.image_size=64: 2x2), and resnet20 (8x8). Each cell's
 smallest layer normalizes over images per rank x map area values per channel (run.json's
@@ -73,9 +74,10 @@ below) came after runs were seen:
   (its reference, which BN at 16 images per rank computes), at the same rate, epochs and seeds
   (cells with `batch: 16` in the spec). Each 2 x 8 cell is judged by the rules above (gap,
   state, rule v4's extra seeds, jitter against its reference's control) against its input's
-  1 x 16; these cells enter none of the batch-8 verdicts above (another global batch). The
-  doctor flags resnet18 32 px 2x8 (8 values per channel) and passes resnet18 64 px 2x8 (32)
-  and resnet20 2x8 (512). Its thresholds at 8 images per rank: undecided while any of these
+  1 x 16 (which is, for these cells, the reference rule v4 extends with them); these cells
+  enter none of the batch-8 verdicts above (another global batch). The doctor flags resnet18
+  32 px 2x8 (8 values per channel) and passes resnet18 64 px 2x8 (32) and resnet20 2x8 (512).
+  Its thresholds at 8 images per rank: undecided while any of these
   cells is unclear or still to run; supported where every cell it flags breaks and every cell
   it passes holds; else not supported, naming each cell it gets wrong. The words say on which
   inputs 8 images per rank held and on which BN broke.
@@ -107,7 +109,9 @@ BREAK = 2.0        # points of accuracy lost to the reference at which a cell br
 HOLD_BOUND = 4.0   # a cell holds only where its interval rules out losing this many points
 MIN_SEEDS = 3
 EXTRA_SEEDS = (3, 4)  # rule v4: an unclear cell's, and its reference's, seeds beyond the first
-MARKERS = {1: "v", 2: "o", 4: "s", 8: "^"}
+MARKERS = {1: "v", 2: "o", 4: "s", 8: "^"}  # by images per rank, at global batch 8
+BIG = 16  # rule v5's global batch: 2 x BIG // 2 against 1 x BIG
+BIG_STYLE = {"marker": "D", "color": "C4"}  # its cells (the references: hollow, grey)
 
 
 def groups(d: RunsData) -> dict[str, list[CellResult]]:
@@ -285,17 +289,22 @@ def separation(points: list[tuple[int, int | None, str]]) -> tuple[str, str]:
     return "neither alone", ""
 
 
+def said(m: dict, key: str = "state") -> str:
+    """One cell's state and the number it was read from: 'breaks (-27.0 pts vs 1x8)' (the
+    jitter: its ratio), why where a divergence decided it, and whether seeds are to come."""
+    x = m["gap"] if key == "state" else m["jitter"]
+    number = "" if x is None or not math.isfinite(x) else (
+        f" ({-round(x, 1) + 0.0:+.1f} pts vs 1x{m['batch']})" if key == "state"
+        else f" ({x:.2f}x)")
+    why = f", {m['why']}" if key == "state" and lost_seed(m) else ""
+    return (f"{m[key]}{number}{why}"
+            + (f" on {MIN_SEEDS} seeds, more to come" if m.get("pending") else ""))
+
+
 def words(ms: list[dict], key: str = "state") -> str:
     """The cells in a few words, by values, with the number each state was read from:
     '2 values from 2 images: breaks (-27.0 pts vs 1x8), ...' (jitter: the ratio)."""
-    def number(m: dict) -> str:
-        x = m["gap"] if key == "state" else m["jitter"]
-        if x is None or not math.isfinite(x):
-            return ""
-        return (f" ({-round(x, 1) + 0.0:+.1f} pts vs 1x{m['batch']})" if key == "state"
-                else f" ({x:.2f}x)")
-    return ", ".join(f"{where(m)}: {m[key]}{number(m)}"
-                     + (f" on {MIN_SEEDS} seeds, more to come" if m.get("pending") else "")
+    return ", ".join(f"{where(m)}: {said(m, key)}"
                      for m in sorted(ms, key=lambda m: (m["values"] or 0, m["images"])))
 
 
@@ -447,31 +456,28 @@ def count_rules(d: RunsData) -> str:
             + (f". {few[0].upper()}{few[1:]}" if few else ""))
 
 
-def eight(d: RunsData) -> tuple[str, str]:
-    """Rule v5 on the global batch 16 block: (the doctor's thresholds at 8 images per rank:
-    supported | not supported (why) | undecided | not run yet, the cells in words with whether
-    the doctor flags each)."""
-    ms = read(d, 16)
-    so_far = ms if ms is not None else [m for _, m in measured(d)
-                                        if m["batch"] == 16 and m["state"] != "reference"]
-    said = "; ".join(f"{m['input']}, {where(m)}: {m['state']}"
-                     + (f" ({-round(m['gap'], 1) + 0.0:+.1f} pts vs 1x16)"
-                        if math.isfinite(m["gap"]) else "")
-                     + (f" on {MIN_SEEDS} seeds, more to come" if m.get("pending") else "")
-                     + (", flagged by the doctor" if flagged(m) else ", passed by the doctor")
-                     for m in sorted(so_far, key=lambda m: m["values"] or 0))
-    if not any(batch(c) == 16 for c in d.cells):
+def rule_v5(d: RunsData) -> tuple[str, str]:
+    """Rule v5 on the global batch BIG block: (the doctor's thresholds at BIG // 2 images per
+    rank: supported | not supported (the cells it gets wrong) | undecided (why), the cells in
+    words with whether the doctor flags each); ("", "") without the block."""
+    if not any(batch(c) == BIG for c in d.cells):
         return "", ""
+    ms = read(d, BIG)
+    so_far = ms if ms is not None else [m for _, m in measured(d)
+                                        if m["batch"] == BIG and m["state"] != "reference"]
+    cells_said = "; ".join(f"{m['input']}, {where(m)}: {said(m)}, "
+                           + ("flagged by the doctor" if flagged(m) else "passed by the doctor")
+                           for m in sorted(so_far, key=lambda m: m["values"] or 0))
     if ms is None:
-        return "not run yet", said
+        return "undecided (runs still to come)", cells_said
     if any(m["state"] == "unclear" or m["values"] is None for m in ms):
-        return "undecided (a cell is unclear or lacks its values per channel)", said
+        return "undecided (a cell is unclear or lacks its values per channel)", cells_said
     wrong = [m for m in ms if flagged(m) != (m["state"] == "breaks")]
     if not wrong:
-        return "supported", said
+        return "supported", cells_said
     return "not supported (" + "; ".join(
         f"{m['input']}, {where(m)}: {'flagged, holds' if flagged(m) else 'passed, breaks'}"
-        for m in wrong) + ")", said
+        for m in wrong) + ")", cells_said
 
 
 def first_seeds(d: RunsData) -> RunsData:
@@ -536,10 +542,13 @@ def extension(d: RunsData) -> tuple[str, str]:
         parts.append("changed by the extra seeds: " + ", ".join(changed))
     answer, doc = governs(first)[0], thresholds(first)[0].split(" (")[0]
     jitter = governs(first, "jstate")[0]
+    v5 = rule_v5(first)[0].split(" (")[0]
+    at_v5 = f", the doctor's thresholds at {images(BIG // 2)} per rank {v5}" if v5 else ""
     parts.append(f"on every cell's first {MIN_SEEDS} seeds the rules give: the collapse "
-                 f"{answer}, the jitter {jitter}, the doctor's thresholds {doc}")
+                 f"{answer}, the jitter {jitter}, the doctor's thresholds {doc}{at_v5}")
     if answer != "not run yet":
-        few.append(f"on {MIN_SEEDS} seeds: {answer}")
+        few.append(f"on {MIN_SEEDS} seeds: {answer}"
+                   + (f", at {images(BIG // 2)} per rank {v5}" if v5 else ""))
     return "; ".join(parts) + ".", "; ".join(few)
 
 
@@ -567,7 +576,7 @@ def render(d: RunsData) -> str:
     janswer, _ = governs(d, "jstate")
     refs = [c for c in d.cells if c is reference(d, c) and finished(c)]
     doc, instead = thresholds(d)
-    v5, v5_cells = eight(d)
+    v5, v5_cells = rule_v5(d)
     return table.runs_page(d, "\n".join([
         page.md_table(["cell", "seeds", "values per channel, smallest BN layer",
                         "images per rank", "plateau acc (%)", "von Neumann sd (pts)",
@@ -578,15 +587,17 @@ def render(d: RunsData) -> str:
         f"**What governs the jitter: {janswer}** (a cell counts where its jitter ratio's "
         "interval lies above 1, and only where its reference is steady).", "",
         "Controls (the jitter's): " + ("; ".join(
-            control(r).why for r in refs) if refs else "none measured yet") + ".", "",
+            control(r).why for r in refs) if refs else "none measured yet")
+        + (f" (the 1 x {BIG} references control their own cells' jitter only)."
+           if any(batch(r) == BIG for r in refs) else "."), "",
         f"**The doctor's thresholds** (at risk below {MIN_IMAGES} images or {MIN_VALUES} values "
         f"per channel per rank): **{doc}**" + (f"; the data support {instead}." if instead
                                                else "."), "",
         *([f"What a count rule can do here (a reading added after every batch-8 run was in; "
            f"it changes no verdict above): {rules}.", ""] if (rules := count_rules(d)) else []),
-        *([f"**The doctor's thresholds at {images(MIN_IMAGES)} per rank** (global batch 16: "
-            f"2 x 8 against 1 x 16, rule v5): **{v5}** ({v5_cells or 'no cell measured yet'}).",
-           ""] if v5 else []),
+        *([f"**The doctor's thresholds at {images(BIG // 2)} per rank** (global batch {BIG}: "
+           f"2 x {BIG // 2} against 1 x {BIG}, rule v5): **{v5}** "
+           f"({v5_cells or 'no cell measured yet'}).", ""] if v5 else []),
         f"Gap: the 1 x batch reference's plateau accuracy (1 x 8, or 1 x 16 for the global "
         f"batch 16 cells) minus the cell's, paired on the seed, mean "
         f"with a 95% t interval over seeds; breaks: gap >= {BREAK:g} points with the interval "
@@ -595,7 +606,8 @@ def render(d: RunsData) -> str:
         "seed where its reference did not breaks, and every cell of a reference that diverged "
         "is unclear. Jitter ratio: geometric mean over the seed pairs, 95% t interval on the log "
         "ratios. Plateau: the second half of training. " + "".join(
-            f"The {r.cell.meta['input']} reference normalizes {values(r)} values per channel "
+            f"The {r.cell.meta['input']} 1 x {batch(r)} reference normalizes {values(r)} values "
+            "per channel "
             f"over {r.cell.meta['per_rank']} images, itself at risk by the doctor's thresholds: "
             f"gaps there are to syncbn over the same {r.cell.meta['per_rank']} images, not to an "
             "unbroken BN. " for r in refs
@@ -613,11 +625,23 @@ def lost_seed(m: dict) -> bool:
 
 
 def style(m: dict) -> dict:
-    """A cell's marker: its shape and colour by images per rank; the references grey, hollow."""
+    """A cell's marker: its shape and colour by images per rank, rule v5's block its own; the
+    references grey, hollow, in their block's shape (1 x 8 as 8 images per rank)."""
+    n, ref = m["images"], m["state"] == "reference"
+    if m["batch"] == BIG:
+        kw = dict(BIG_STYLE)
+    else:
+        kw = {"marker": MARKERS.get(n, "o"),
+              "color": f"C{sorted(MARKERS).index(n)}" if n in MARKERS else "C5"}
+    return {**kw, "ms": 7, "ls": "none", **({"mfc": "none", "color": "0.5"} if ref else {})}
+
+
+def shift(m: dict) -> float:
+    """A cell's x: its values per channel, stepped by images per rank where two layouts reach
+    one level (rule v5's block one step further)."""
     n = m["images"]
-    ref = m["state"] == "reference"
-    return {"marker": MARKERS.get(n, "o"), "ms": 7, "ls": "none", "mfc": "none" if ref else None,
-            "color": "0.5" if ref else f"C{sorted(MARKERS).index(n)}" if n in MARKERS else "C5"}
+    step = 2.5 if m["batch"] == BIG else sorted(MARKERS).index(n) - 1.5 if n in MARKERS else 0
+    return m["values"] * 2 ** (0.18 * step)
 
 
 def legend(ms: list[dict], gap: bool) -> tuple[list, list[str]]:
@@ -626,12 +650,13 @@ def legend(ms: list[dict], gap: bool) -> tuple[list, list[str]]:
     greyed)."""
     from matplotlib.lines import Line2D
     handles, labels = [], []
-    for n, size in sorted({(m["images"], m["batch"]) for m in ms if m["state"] != "reference"}):
-        handles.append(Line2D([], [], **style({"images": n, "state": ""})))
+    for size, n in sorted({(m["batch"], m["images"]) for m in ms if m["state"] != "reference"}):
+        handles.append(Line2D([], [], **style({"images": n, "batch": size, "state": ""})))
         labels.append(f"{images(n)} per rank" + (f" (global batch {size})" if size != 8 else ""))
-    if sizes := sorted({m["batch"] for m in ms if m["state"] == "reference"}):
-        handles.append(Line2D([], [], **style({"images": 8, "state": "reference"})))
-        labels.append(" and ".join(f"1 x {n}" for n in sizes) + " reference (gap 0)")
+    for size in sorted({m["batch"] for m in ms if m["state"] == "reference"}):
+        handles.append(Line2D([], [], **style({"images": size, "batch": size,
+                                               "state": "reference"})))
+        labels.append(f"1 x {size} reference (at {0 if gap else 1})")
     if any(m.get("pending") for m in ms):
         handles.append(Line2D([], [], marker="o", ms=7, ls="none", color="0.3", alpha=0.35))
         labels.append(f"faded: on {MIN_SEEDS} seeds, rule v4's seeds to come")
@@ -649,9 +674,7 @@ def plot(d: RunsData, path: Path) -> None:
     ms = [m for _, m in measured(d) if m["values"] is not None]
     lost = []  # cells that diverged on every seed they ran: no gap to draw
     for m in ms:
-        kw, n = style(m), m["images"]
-        # side by side where two layouts reach one level: a step per images per rank
-        x = m["values"] * 2 ** (0.18 * (sorted(MARKERS).index(n) - 1.5) if n in MARKERS else 0)
+        kw, x = style(m), shift(m)
         diverged = lost_seed(m)
         if diverged and not math.isfinite(m["gap"]):
             lost.append((x, kw))
@@ -716,18 +739,18 @@ def finding(d: RunsData) -> str:
                  + "no rule 'below i images or below v values' separates the cells"
                  + (", and the doctor's rule flags every one" if all(map(flagged, ms)) else ""))
     return (f"Where BN breaks: {answer}" + (f" ({instead})" if instead else "")
-            + f"; the doctor's thresholds: {doc.split(' (')[0]}{note}{at_eight(d)}{after}")
+            + f"; the doctor's thresholds: {doc.split(' (')[0]}{note}{v5_line(d)}{after}")
 
 
-def at_eight(d: RunsData) -> str:
+def v5_line(d: RunsData) -> str:
     """Rule v5's block for the README line: '; at 8 images per rank (global batch 16, rule
     v5): BN broke on resnet18 32 px, held on resnet20; the doctor's thresholds there:
     supported' ("" without the block)."""
-    v5 = eight(d)[0]
+    v5 = rule_v5(d)[0]
     if not v5:
         return ""
-    head = f"; at {images(MIN_IMAGES)} per rank (global batch 16, rule v5): "
-    ms = read(d, 16)
+    head = f"; at {images(BIG // 2)} per rank (global batch {BIG}, rule v5): "
+    ms = read(d, BIG)
     if ms is None:
         return head + "runs still to come"
     by = {st: ", ".join(m["input"] for m in ms if m["state"] == st)
@@ -735,7 +758,7 @@ def at_eight(d: RunsData) -> str:
     return (head + ", ".join(f"{verb} on {by[st]}" for st, verb in
                              (("breaks", "BN broke"), ("holds", "held"), ("unclear", "unclear"))
                              if by[st])
-            + f"; the doctor's thresholds there: {v5.split(' (')[0]}")
+            + f"; the doctor's thresholds there: {v5}")
 
 
 TABLE = table.Table("values", (), table.runs_data, render, verdicts, plot, block="settled",

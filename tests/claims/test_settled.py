@@ -435,32 +435,37 @@ def values_run(d, gap: float, seed: int, values_per_channel: int | None, noise: 
 
 def values_data(tmp_path, gaps: dict[tuple[str, int], float], same_noise: bool = False,
                 seeds: dict[tuple[str, int], int] | None = None,
-                eight: dict[str, float | None] | None = None) -> RunsData:
+                big: dict[str, float | list | None] | None = None) -> RunsData:
     """The values spec's cells with these gaps to each input's 1x8 (3 seeds unless `seeds`
     says more; a gap may be a list, one per seed); each cell its own noise, or with
-    `same_noise` its reference's draw. `eight`: rule v5's 2x8 cells and their 1x16, each
-    input's 2x8 at this gap (None: not run yet)."""
+    `same_noise` its reference's draw. `big`: rule v5's block, each input's 2x8 at this gap to
+    its 1x16 (a list: one per seed; None: not run yet, its 1x16 run)."""
+    def cell(label: str, meta: dict, g, n: int, area: int, where) -> tuple:
+        per_rank = meta["per_rank"]
+        runs = [values_run(where / f"s{s}", g[s] if isinstance(g, list) else g, s,
+                           per_rank * area, salt=0 if same_noise else len(out) + 1)
+                for s in range(n)] if g is not None else []
+        return label, meta, runs
+
     out = []
-    blocks = [(8, inp, area, layouts) for inp, (area, layouts) in LAYOUTS.items()]
-    blocks += [(16, inp, LAYOUTS[inp][0], (8, 16)) for inp in eight or {}]
-    for size, inp, area, layouts in blocks:
+    for inp, (area, layouts) in LAYOUTS.items():
         for per_rank in layouts:
-            g = gaps.get((inp, per_rank), 0.0) if size == 8 else \
-                (eight[inp] if per_rank == 8 else 0.0)
-            runs = [] if g is None else [
-                values_run(tmp_path / f"{inp}{size}" / str(per_rank) / f"s{s}",
-                           g[s] if isinstance(g, list) else g, s, per_rank * area,
-                           salt=0 if same_noise else len(out) + 1)
-                for s in range((seeds or {}).get((inp, per_rank), 3) if size == 8 else 3)]
-            out.append((f"{inp} {size // per_rank}x{per_rank}",
-                        {"input": inp, "per_rank": per_rank,
-                         **({"batch": size} if size != 8 else {})}, runs))
+            g = gaps.get((inp, per_rank), 0.0)
+            out.append(cell(f"{inp} {8 // per_rank}x{per_rank}",
+                            {"input": inp, "per_rank": per_rank}, g,
+                            (seeds or {}).get((inp, per_rank), 3), area,
+                            tmp_path / inp / str(per_rank)))
+    for inp, g in (big or {}).items():
+        area, n = LAYOUTS[inp][0], len(g) if isinstance(g, list) else 3
+        for per_rank, gap in ((8, g), (16, 0.0)):
+            out.append(cell(f"{inp} {16 // per_rank}x{per_rank}",
+                            {"input": inp, "per_rank": per_rank, "batch": 16}, gap, n, area,
+                            tmp_path / f"{inp} b16" / str(per_rank)))
     d = runs_data(tmp_path, out, epochs=10)
-    for c, (_, _, runs) in zip(d.cells, out, strict=True):
-        c.expected = 3 if not runs else len(runs)  # a cell not run yet still expects its seeds
-        c.cell.seeds = list(range(c.expected))
-    for c in d.cells:  # the values spec's rate, as its real cells carry it
-        c.cell.cfg["optim"] = {"lr": 0.00625}
+    for c in d.cells:
+        if not c.runs:  # not run yet: it still asks for its seeds
+            c.expected, c.cell.seeds = 3, [0, 1, 2]
+        c.cell.cfg["optim"] = {"lr": 0.00625}  # the values spec's rate, as its cells carry it
     return d
 
 
@@ -531,9 +536,9 @@ def test_where_no_count_rule_fits_the_table_says_how_close_the_doctor_s_comes(tm
            f"it changes no verdict above): {rules}." in values.render(d)
     assert values.finding(d) == (
         "Where BN breaks: neither alone; the doctor's thresholds: not supported; read after the "
-        "batch-8 runs: below 8 images per rank, BN broke in 6 of the 7 cells, at 2 to 256 values per "
-        "channel; no rule 'below i images or below v values' separates the cells, and the "
-        "doctor's rule flags every one")
+        "batch-8 runs: below 8 images per rank, BN broke in 6 of the 7 cells, at 2 to 256 "
+        "values per channel; no rule 'below i images or below v values' separates the cells, "
+        "and the doctor's rule flags every one")
 
 
 def test_the_cell_that_forces_the_doctor_s_overflag_says_when_rule_v4_made_it_break(tmp_path):
@@ -594,15 +599,20 @@ def test_a_few_cells_in_words():
         "no holding cell", "both holding cells", "all 3 holding cells", "1 of the 3 holding cells"]
 
 
+def batch_8_verdicts(d: RunsData) -> tuple:
+    return (values.governs(d), values.governs(d, "jstate"), values.thresholds(d),
+            values.count_rules(d), values.few_images(values.read(d)))
+
+
 def test_rule_v5_tests_the_doctor_at_8_images_and_leaves_the_batch_8_verdicts_alone(tmp_path):
-    base = values.governs(values_data(tmp_path / "a", COMMITTED))
+    base = batch_8_verdicts(values_data(tmp_path / "a", COMMITTED))
     # the doctor flags 32 px 2x8 (8 values) and passes 64 px (32) and resnet20 (512)
     d = values_data(tmp_path / "b", COMMITTED,
-                    eight={"resnet18 32 px": 5.0, "resnet18 64 px": 0.0, "resnet20": 0.0})
+                    big={"resnet18 32 px": 5.0, "resnet18 64 px": 0.0, "resnet20": 0.0})
     c = next(c for c in d.cells if c.cell.label == "resnet20 2x8")
     assert values.reference(d, c).cell.label == "resnet20 1x16"
-    assert values.governs(d) == base  # another global batch: not in the batch-8 verdicts
-    verdict, said = values.eight(d)
+    assert batch_8_verdicts(d) == base  # another global batch: in no batch-8 verdict
+    verdict, said = values.rule_v5(d)
     assert verdict == "supported"
     assert said.startswith("resnet18 32 px, 8 values from 8 images: breaks (-5.0 pts vs 1x16), "
                            "flagged by the doctor; ")
@@ -616,15 +626,51 @@ def test_rule_v5_tests_the_doctor_at_8_images_and_leaves_the_batch_8_verdicts_al
 
 def test_rule_v5_names_the_cells_the_doctor_gets_wrong_and_waits_for_its_runs(tmp_path):
     d = values_data(tmp_path, COMMITTED,
-                    eight={"resnet18 32 px": 0.0, "resnet18 64 px": 0.0, "resnet20": 6.0})
-    assert values.eight(d)[0] == (
-        "not supported (resnet18 32 px, 8 values from 8 images: flagged, holds; resnet20, 512 "
-        "values from 8 images: passed, breaks)")
+                    big={"resnet18 32 px": 0.0, "resnet18 64 px": 0.0, "resnet20": 6.0})
+    wrong = ("not supported (resnet18 32 px, 8 values from 8 images: flagged, holds; resnet20, "
+             "512 values from 8 images: passed, breaks)")
+    assert values.rule_v5(d)[0] == wrong
+    assert f"the doctor's thresholds there: {wrong}" in values.finding(d)
     d = values_data(tmp_path / "w", COMMITTED,
-                    eight={"resnet18 32 px": 5.0, "resnet18 64 px": None, "resnet20": 0.0})
-    assert values.eight(d)[0] == "not run yet"
+                    big={"resnet18 32 px": 5.0, "resnet18 64 px": None, "resnet20": 0.0})
+    verdict, said = values.rule_v5(d)
+    assert verdict == "undecided (runs still to come)"
+    assert said.startswith("resnet18 32 px, 8 values from 8 images: breaks")  # so far
     assert "rule v5): runs still to come; read after" in values.finding(d)
     assert values.governs(d)[0] == "neither alone"  # the batch-8 verdicts do not wait for it
+
+
+def test_rule_v5_is_undecided_on_an_unclear_cell_and_a_divergence_breaks_one(tmp_path):
+    d = values_data(tmp_path, COMMITTED, big={"resnet18 32 px": [20.0, -16.0, 1.4],
+                                              "resnet18 64 px": 0.0, "resnet20": 0.0})
+    assert values.rule_v5(d)[0].startswith("undecided (a cell is unclear")
+    assert "at 8 images per rank undecided" in values.extension(d)[0]  # rule v4 asks for more
+    d = values_data(tmp_path / "dv", COMMITTED,
+                    big={"resnet18 32 px": 5.0, "resnet18 64 px": 0.0, "resnet20": 0.0})
+    two = next(c for c in d.cells if c.cell.label == "resnet20 2x8")
+    two.runs[1] = values_run(tmp_path / "dv" / "x" / "s1", 0.0, 1, 512, status="diverged")
+    verdict, said = values.rule_v5(d)
+    assert verdict == "not supported (resnet20, 512 values from 8 images: passed, breaks)"
+    assert "512 values from 8 images: breaks (+0.0 pts vs 1x16), diverged on seed 1" in said
+
+
+def test_the_figure_tells_the_blocks_and_their_references_apart(tmp_path):
+    d = values_data(tmp_path, COMMITTED,
+                    big={"resnet18 32 px": 5.0, "resnet18 64 px": 0.0, "resnet20": 0.0})
+    ms = [m for _, m in values.measured(d)]
+    handles, labels = values.legend(ms, True)
+    assert "8 images per rank (global batch 16)" in labels
+    assert {"1 x 8 reference (at 0)", "1 x 16 reference (at 0)"} <= set(labels)
+    assert "1 x 16 reference (at 1)" in values.legend(ms, False)[1]
+    kinds = {(m["batch"], m["images"], m["state"] == "reference"):
+             (values.style(m)["marker"], values.style(m)["color"]) for m in ms}
+    assert len(set(kinds.values())) == len(kinds)  # no two kinds of point drawn alike
+    assert all(color != "C3" for color in {c for _, c in kinds.values()})  # the lines' red
+    two_by_eight = next(m for m in ms if m["label"] == "resnet18 64 px 2x8")
+    one_by_eight = next(m for m in ms if m["label"] == "resnet18 64 px 1x8")
+    assert values.shift(two_by_eight) != values.shift(one_by_eight)  # same values, apart
+    values.plot(d, tmp_path / "v.png")
+    assert (tmp_path / "v.png").stat().st_size > 0
 
 
 def test_when_nothing_breaks_the_doctor_flags_too_much(tmp_path):
