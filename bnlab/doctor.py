@@ -375,7 +375,7 @@ def evidence(min_images: int, min_values: int) -> str:
     which = "bnlab's defaults" if mine else (f"yours; bnlab's defaults are {MIN_IMAGES} and "
                                              f"{MIN_VALUES}")
     return (f"Thresholds: {min_images} samples and {min_values} values per channel ({which}). "
-            f"bnlab's make table-values tests them on CIFAR-10 at a global batch of 8: "
+            f"bnlab's make table-values tests them on CIFAR-10 at global batches of 8 and 16: "
             f"{EVIDENCE} in bnlab's repository.")
 
 
