@@ -294,10 +294,12 @@ def said(m: dict, key: str = "state") -> str:
     jitter: its ratio), why where a divergence decided it, and whether seeds are to come."""
     x = m["gap"] if key == "state" else m["jitter"]
     number = "" if x is None or not math.isfinite(x) else (
-        f" ({-round(x, 1) + 0.0:+.1f} pts vs 1x{m['batch']})" if key == "state"
-        else f" ({x:.2f}x)")
-    why = f", {m['why']}" if key == "state" and lost_seed(m) else ""
-    return (f"{m[key]}{number}{why}"
+        f"{-round(x, 1) + 0.0:+.1f} pts vs 1x{m['batch']}" if key == "state"
+        else f"{x:.2f}x")
+    if key == "state" and "diverged" in m["why"]:  # the divergence decided it
+        why = m["why"].split("; ")[-1]
+        number = f"{why}; {number} on the other seeds" if number else why
+    return (f"{m[key]}" + (f" ({number})" if number else "")
             + (f" on {MIN_SEEDS} seeds, more to come" if m.get("pending") else ""))
 
 
@@ -465,13 +467,15 @@ def rule_v5(d: RunsData) -> tuple[str, str]:
     ms = read(d, BIG)
     so_far = ms if ms is not None else [m for _, m in measured(d)
                                         if m["batch"] == BIG and m["state"] != "reference"]
-    cells_said = "; ".join(f"{m['input']}, {where(m)}: {said(m)}, "
-                           + ("flagged by the doctor" if flagged(m) else "passed by the doctor")
-                           for m in sorted(so_far, key=lambda m: m["values"] or 0))
+    cells_said = "; ".join(f"{m['input']}, {where(m)}: {said(m)}, " + (
+        "values per channel unknown" if m["values"] is None else
+        "flagged by the doctor" if flagged(m) else "passed by the doctor")
+        for m in sorted(so_far, key=lambda m: m["values"] or 0))
     if ms is None:
         return "undecided (runs still to come)", cells_said
-    if any(m["state"] == "unclear" or m["values"] is None for m in ms):
-        return "undecided (a cell is unclear or lacks its values per channel)", cells_said
+    if open_ := [m["label"] for m in ms if m["state"] == "unclear" or m["values"] is None]:
+        return (f"undecided ({' and '.join(open_)} unclear or without values per channel)",
+                cells_said)
     wrong = [m for m in ms if flagged(m) != (m["state"] == "breaks")]
     if not wrong:
         return "supported", cells_said
@@ -542,13 +546,12 @@ def extension(d: RunsData) -> tuple[str, str]:
         parts.append("changed by the extra seeds: " + ", ".join(changed))
     answer, doc = governs(first)[0], thresholds(first)[0].split(" (")[0]
     jitter = governs(first, "jstate")[0]
-    v5 = rule_v5(first)[0].split(" (")[0]
+    v5 = rule_v5(first)[0].split(" (")[0] if read(first, BIG) is not None else ""
     at_v5 = f", the doctor's thresholds at {images(BIG // 2)} per rank {v5}" if v5 else ""
     parts.append(f"on every cell's first {MIN_SEEDS} seeds the rules give: the collapse "
                  f"{answer}, the jitter {jitter}, the doctor's thresholds {doc}{at_v5}")
     if answer != "not run yet":
-        few.append(f"on {MIN_SEEDS} seeds: {answer}"
-                   + (f", at {images(BIG // 2)} per rank {v5}" if v5 else ""))
+        few.append(f"on {MIN_SEEDS} seeds: {answer}" + at_v5)
     return "; ".join(parts) + ".", "; ".join(few)
 
 
@@ -621,7 +624,7 @@ def render(d: RunsData) -> str:
 
 def lost_seed(m: dict) -> bool:
     """A cell that breaks because it diverged on a seed where its reference did not."""
-    return m["state"] == "breaks" and m["why"].startswith("diverged")
+    return m["state"] == "breaks" and "diverged on seed" in m["why"]
 
 
 def style(m: dict) -> dict:
@@ -656,7 +659,7 @@ def legend(ms: list[dict], gap: bool) -> tuple[list, list[str]]:
     for size in sorted({m["batch"] for m in ms if m["state"] == "reference"}):
         handles.append(Line2D([], [], **style({"images": size, "batch": size,
                                                "state": "reference"})))
-        labels.append(f"1 x {size} reference (at {0 if gap else 1})")
+        labels.append(f"1 x {size} reference " + ("(gap 0)" if gap else "(ratio 1)"))
     if any(m.get("pending") for m in ms):
         handles.append(Line2D([], [], marker="o", ms=7, ls="none", color="0.3", alpha=0.35))
         labels.append(f"faded: on {MIN_SEEDS} seeds, rule v4's seeds to come")
@@ -739,7 +742,7 @@ def finding(d: RunsData) -> str:
                  + "no rule 'below i images or below v values' separates the cells"
                  + (", and the doctor's rule flags every one" if all(map(flagged, ms)) else ""))
     return (f"Where BN breaks: {answer}" + (f" ({instead})" if instead else "")
-            + f"; the doctor's thresholds: {doc.split(' (')[0]}{note}{v5_line(d)}{after}")
+            + f"; the doctor's thresholds: {doc.split(' (')[0]}{note}{after}{v5_line(d)}")
 
 
 def v5_line(d: RunsData) -> str:
@@ -752,8 +755,11 @@ def v5_line(d: RunsData) -> str:
     head = f"; at {images(BIG // 2)} per rank (global batch {BIG}, rule v5): "
     ms = read(d, BIG)
     if ms is None:
-        return head + "runs still to come"
-    by = {st: ", ".join(m["input"] for m in ms if m["state"] == st)
+        broke = [m["input"] for _, m in measured(d) if m["batch"] == BIG and
+                 m["state"] == "breaks" and not m.get("pending")]
+        return head + "runs still to come" + (f"; so far BN broke on {' and '.join(broke)}"
+                                              if broke else "")
+    by = {st: " and ".join(m["input"] for m in ms if m["state"] == st)
           for st in ("breaks", "holds", "unclear")}
     return (head + ", ".join(f"{verb} on {by[st]}" for st, verb in
                              (("breaks", "BN broke"), ("holds", "held"), ("unclear", "unclear"))
