@@ -247,6 +247,11 @@ def measured(d: RunsData) -> list[tuple[CellResult, dict]]:
     return out
 
 
+def block_so_far(d: RunsData, size: int = 8) -> list[dict]:
+    """The cells of one global batch but the references, as far as they are measured."""
+    return [m for _, m in measured(d) if m["batch"] == size and m["state"] != "reference"]
+
+
 def read(d: RunsData, size: int = 8) -> list[dict] | None:
     """Every cell of one global batch but the references, measured; None while any is still to
     come."""
@@ -324,9 +329,7 @@ def governs(d: RunsData, key: str = "state") -> tuple[str, str]:
     """(answer, the cells in words) by the rule; key "jstate" for the jitter."""
     ms = read(d)
     if ms is None:
-        return "not run yet", words([m for _, m in measured(d)
-                                     if m["state"] != "reference" and m["batch"] == 8],
-                                    key)
+        return "not run yet", words(block_so_far(d), key)
     if key != "jstate":
         return separation(points(ms, key))[0], words(ms, key)
     left_out = sorted({m["input"] for m in ms if m["jstate"] == "untestable"})
@@ -346,6 +349,12 @@ def flagged(m: dict) -> bool:
     return at_risk(m["images"], m["values"])
 
 
+def misjudged(ms: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(the breaking cells the doctor's rule misses, the holding cells it flags)."""
+    return ([m for m in ms if m["state"] == "breaks" and not flagged(m)],
+            [m for m in ms if m["state"] == "holds" and flagged(m)])
+
+
 def thresholds(d: RunsData) -> tuple[str, str]:
     """(supported | not supported (why) | undecided | not run yet, what the data support)."""
     ms = read(d)
@@ -354,8 +363,7 @@ def thresholds(d: RunsData) -> tuple[str, str]:
     answer, instead = separation(points(ms))
     if answer == "undecided":
         return "undecided (a cell is unclear or lacks its values per channel)", ""
-    missed = [m for m in ms if m["state"] == "breaks" and not flagged(m)]
-    over = [m for m in ms if m["state"] == "holds" and flagged(m)]
+    missed, over = misjudged(ms)
     if not missed and not over:
         return "supported", instead
     why = []
@@ -431,7 +439,7 @@ def count_rules(d: RunsData) -> str:
         (b["label"], f"the cell with {where(b)} breaks and the one with {where(h)} holds")
         for h in ok for b in ms if b["state"] == "breaks"
         and b["images"] >= h["images"] and b["values"] >= h["values"]))
-    then = {c.cell.label: m for c, m in measured(first_seeds(d))}
+    then = on_first_seeds(first_seeds(d))
     now = {m["label"]: m for m in ms}
     later = [f"{k} breaks on {now[k]['n']} seed pairs, under rule v4; on its first "
              f"{MIN_SEEDS} it was {then[k]['state']}" for k, _ in forced
@@ -439,8 +447,7 @@ def count_rules(d: RunsData) -> str:
     why = ("" if not forced else f": {'; '.join(w for _, w in forced)} (each breaking cell "
            "named has no fewer images and no fewer values than the holding one beside it"
            + "".join(f"; {x}" for x in later) + ")")
-    missed = sum(not flagged(m) for m in ms if m["state"] == "breaks")
-    over = sum(flagged(m) for m in ok)
+    missed, over = map(len, misjudged(ms))
     if all(flagged(m) for m in ms):
         mine = (f"flags every judged cell, each under {images(MIN_IMAGES)} per rank or under "
                 f"{MIN_VALUES} values per channel, so it flags {cells(over, len(ok), 'holding')}"
@@ -465,12 +472,11 @@ def rule_v5(d: RunsData) -> tuple[str, str]:
     if not any(batch(c) == BIG for c in d.cells):
         return "", ""
     ms = read(d, BIG)
-    so_far = ms if ms is not None else [m for _, m in measured(d)
-                                        if m["batch"] == BIG and m["state"] != "reference"]
     cells_said = "; ".join(f"{m['input']}, {where(m)}: {said(m)}, " + (
         "values per channel unknown" if m["values"] is None else
         "flagged by the doctor" if flagged(m) else "passed by the doctor")
-        for m in sorted(so_far, key=lambda m: m["values"] or 0))
+        for m in sorted(ms if ms is not None else block_so_far(d, BIG),
+                        key=lambda m: m["values"] or 0))
     if ms is None:
         return "undecided (runs still to come)", cells_said
     if open_ := [m["label"] for m in ms if m["state"] == "unclear" or m["values"] is None]:
@@ -482,6 +488,11 @@ def rule_v5(d: RunsData) -> tuple[str, str]:
     return "not supported (" + "; ".join(
         f"{m['input']}, {where(m)}: {'flagged, holds' if flagged(m) else 'passed, breaks'}"
         for m in wrong) + ")", cells_said
+
+
+def on_first_seeds(first: RunsData) -> dict[str, dict]:
+    """Each cell measured on its first seeds (first_seeds(d)), by label."""
+    return {c.cell.label: m for c, m in measured(first)}
 
 
 def first_seeds(d: RunsData) -> RunsData:
@@ -539,7 +550,7 @@ def extension(d: RunsData) -> tuple[str, str]:
                      f"{', '.join(map(str, right))} for a cell unclear on {MIN_SEEDS} and its "
                      "reference)")
         few.append(f"{', '.join(outside)} extended outside rule v4")
-    then = {c.cell.label: m for c, m in measured(first)}
+    then = on_first_seeds(first)
     now = {c.cell.label: m for c, m in measured(d) if not m.get("pending")}
     if changed := [f"{k}: {then[k]['state']} on {MIN_SEEDS} seeds, {m['state']} on {m['n']}"
                    for k, m in now.items() if k in then and m["state"] != then[k]["state"]]:
@@ -755,8 +766,8 @@ def v5_line(d: RunsData) -> str:
     head = f"; at {images(BIG // 2)} per rank (global batch {BIG}, rule v5): "
     ms = read(d, BIG)
     if ms is None:
-        broke = [m["input"] for _, m in measured(d) if m["batch"] == BIG and
-                 m["state"] == "breaks" and not m.get("pending")]
+        broke = [m["input"] for m in block_so_far(d, BIG)
+                 if m["state"] == "breaks" and not m.get("pending")]
         return head + "runs still to come" + (f"; so far BN broke on {' and '.join(broke)}"
                                               if broke else "")
     by = {st: " and ".join(m["input"] for m in ms if m["state"] == st)
