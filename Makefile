@@ -11,7 +11,7 @@ DEMO_DIR := outputs/demo/$(STAMP)
 export BNLAB_TEST_DATA ?= $(abspath ../shared/data/cifar10-mini)
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-gpu test-slurm test-slow lint demo bench perf-doc clean table-jitter table-batch table-ranks \
+.PHONY: help install test test-gpu gpu-check test-slurm test-slow lint demo bench perf-doc clean table-jitter table-batch table-ranks \
 	tables report table-pitfalls figure-losslog table-evalmode table-rankstats table-sync \
 	table-precisebn layout table-lrpilot table-plateau table-decompose table-pilot table-lr table-fixes table-values
 JOBS ?= $(shell nproc 2>/dev/null || echo 1)
@@ -36,6 +36,13 @@ test-gpu: $(INSTALL) ## on a CUDA machine: the cuda tests, then the GPU benchmar
 	$(PY) -m pytest -q -m cuda -rs
 	$(PY) benchmarks/bench.py --only gpu
 	$(PY) benchmarks/perfdoc.py
+
+# OUT: the check's folder (check.json, summary.txt, logs, bench.json, runs-cuda.tar.gz);
+# MINUTES: its whole time, the values sweep taking what is left
+OUT ?= outputs/gpu-check/$(STAMP)
+MINUTES ?= 8
+gpu-check: $(INSTALL) ## on a CUDA machine, one command: cuda tests, CPU = CUDA, SyncBN kernels, gpu bench, values runs (docs/training.md)
+	$(PY) benchmarks/gpucheck.py --out $(OUT) --minutes $(MINUTES) $(if $(DATA),--data $(DATA)) $(if $(REHEARSE),--rehearse)
 
 test-slurm: install ## on a SLURM cluster: sweeps submitted for real (tests/slurm/local-cluster.sh [--two-nodes] starts one; ~10 min)
 	$(PY) -m pytest -q -m slurm -rs
