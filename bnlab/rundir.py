@@ -111,22 +111,24 @@ def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
 # ----------------------------------------------------------------------------------------
 # What a run records
 
-COPIED_FROM = "BNLAB_COMMIT"  # a copy of the tree without .git (a lent GPU): its commit
+COPIED_FROM = "BNLAB_COMMIT"  # set where the tree was copied to another machine (a lent GPU)
 
 
 def git_commit() -> str | None:
-    """The checkout's commit, with "-dirty" where tracked files changed; in a copy of the tree
-    that is no checkout, the commit it was copied from (BNLAB_COMMIT) with "-copy" added."""
+    """The checkout's commit, with "-dirty" where tracked files changed. In a copy of the tree
+    sent to another machine, whose .git (if any) need not be the tree's, the commit it was
+    copied from, as the sender gives it in BNLAB_COMMIT, with "-copy" added."""
+    if os.environ.get(COPIED_FROM):
+        return f"{os.environ[COPIED_FROM]}-copy"
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                              text=True, timeout=5)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
                                cwd=ROOT, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
-        out = None
-    if out is None or out.returncode != 0:
-        copied = os.environ.get(COPIED_FROM)
-        return f"{copied}-copy" if copied else None
+        return None
+    if out.returncode != 0:
+        return None
     return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
