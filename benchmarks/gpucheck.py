@@ -41,8 +41,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-VALUES_SPEC = ROOT / "experiments" / "values" / "sweep.yaml"
-RUNS_CUDA = ROOT / "experiments" / "runs-cuda"  # the GPU's runs: never mixed with the CPU's
+from bnlab.paths import EXPERIMENTS, RUNS_CUDA  # noqa: E402  (RUNS_CUDA: never the CPU's runs)
+
+VALUES_SPEC = EXPERIMENTS / "values" / "sweep.yaml"
 # table-values' inputs, the first first: each input's cells and its reference complete before
 # the next input starts, so a short slot finishes whole cells (the CPU plan runs seed-major).
 VALUES_FIRST = ("resnet18 32 px", "resnet20", "resnet18 64 px")

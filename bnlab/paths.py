@@ -6,6 +6,7 @@ ROOT = Path(__file__).resolve().parent.parent    # the checkout: train.py, confi
 CONFIGS = ROOT / "configs"
 EXPERIMENTS = ROOT / "experiments"               # one folder per reported table
 RUNS = EXPERIMENTS / "runs"                      # the sweeps' run directories, by data tag
+RUNS_CUDA = EXPERIMENTS / "runs-cuda"            # the same on a GPU (make gpu-check): kept apart
 BENCH_RESULTS = ROOT / "benchmarks" / "results"  # the benchmark's measurements, per machine
 
 

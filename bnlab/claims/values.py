@@ -99,11 +99,12 @@ import numpy as np
 
 from bnlab.claims import lr as lrtable
 from bnlab.doctor import MIN_IMAGES, MIN_VALUES, at_risk
-from bnlab.lab import page, table
+from bnlab.lab import devices, page, table
 from bnlab.lab.analysis import mean_interval
 from bnlab.lab.figures import nothing_yet, plt, save
 from bnlab.lab.results import CellResult, fmt
 from bnlab.lab.table import RunsData, Verdict
+from bnlab.paths import RUNS_CUDA
 
 BREAK = 2.0        # points of accuracy lost to the reference at which a cell breaks
 HOLD_BOUND = 4.0   # a cell holds only where its interval rules out losing this many points
@@ -612,6 +613,8 @@ def render(d: RunsData) -> str:
         *([f"**The doctor's thresholds at {images(BIG // 2)} per rank** (global batch {BIG}: "
            f"2 x {BIG // 2} against 1 x {BIG}, rule v5): **{v5}** "
            f"({v5_cells or 'no cell measured yet'}).", ""] if v5 else []),
+        *([f"**On CUDA** (the same cells, the same rules; `make gpu-check`): {x}", ""]
+          if (x := on_cuda(d)) else []),
         f"Gap: the 1 x batch reference's plateau accuracy (1 x 8, or 1 x 16 for the global "
         f"batch 16 cells) minus the cell's, paired on the seed, mean "
         f"with a 95% t interval over seeds; breaks: gap >= {BREAK:g} points with the interval "
@@ -631,6 +634,16 @@ def render(d: RunsData) -> str:
         "and rule v5 (the global batch 16 block), written after every batch-8 run was seen and "
         "before any of its own.",
         ""]))
+
+
+def on_cuda(d: RunsData) -> str | None:
+    """The cells' states from the GPU's runs (experiments/runs-cuda beside these), each beside
+    this folder's; None where no GPU run is there."""
+    there = devices.elsewhere(d, d.root.with_name(RUNS_CUDA.name))
+    if there is None:
+        return None
+    return devices.compare(d, there, measure, lambda c: c.cell.meta["input"] + (
+        f", global batch {batch(c)}" if batch(c) != 8 else ""))
 
 
 def lost_seed(m: dict) -> bool:

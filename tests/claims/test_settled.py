@@ -856,3 +856,25 @@ def test_the_doctor_and_the_trainers_warning_are_one_rule():
     assert (ev["min_values"], ev["min_images"]) == (doctor.MIN_VALUES, doctor.MIN_IMAGES)
     assert doctor.at_risk(doctor.MIN_IMAGES, doctor.MIN_VALUES) is False
     assert doctor.at_risk(doctor.MIN_IMAGES - 1, 10**6) and doctor.at_risk(10**6, 1)
+
+
+def test_the_values_cells_on_a_second_device_are_judged_apart_and_set_beside(tmp_path):
+    from bnlab.lab import devices
+
+    cpu = values_data(tmp_path / "cpu", {("resnet18 32 px", 2): 20.0,
+                                         ("resnet18 32 px", 4): 8.0})
+    gpu = values_data(tmp_path / "gpu", {("resnet18 32 px", 2): 20.0})  # 2x4 holds there
+    for c in gpu.cells:
+        if c.cell.meta["input"] != "resnet18 32 px":
+            c.runs = c.runs[:1] if c.cell.meta["input"] == "resnet20" else []
+        for r in c.runs:
+            r.info["machine"] = "Xeon, 16 cores, GPU NVIDIA H100 80GB HBM3"
+    said = devices.compare(cpu, gpu, values.measure, lambda c: c.cell.meta["input"])
+    assert "12 of 30 runs, in experiments/gpu/" in said and "on NVIDIA H100 80GB HBM3" in said
+    assert "resnet18 32 px 4x2: breaks, +20.0" in said and "resnet18 32 px 2x4: holds" in said
+    assert said.count("breaks, +") == 3  # 4x2 on both, 2x4 on CPU
+    assert "the same state on both devices in 1 of 2 cells" in said
+    assert "resnet18 32 px 1x8 " in said  # the reference: its accuracy on both
+    assert "still to come on CUDA: resnet18 64 px (0 of 12 runs), resnet20 (3 of 9 runs)" in said
+    assert devices.elsewhere(cpu, tmp_path / "nothing") is None
+    assert devices.elsewhere(cpu, cpu.root) is None  # never a folder against itself
