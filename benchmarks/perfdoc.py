@@ -19,7 +19,7 @@ from bnlab.lab.results import read_hosts
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-RUNS = ROOT / "experiments" / "runs"
+RUNS, RUNS_CUDA = ROOT / "experiments" / "runs", ROOT / "experiments" / "runs-cuda"
 
 WHY = {
     "overhead": "The trainer's loop adds to a bare loop: the layout-independent loader "
@@ -59,7 +59,8 @@ WHY = {
                "max all-reduce (a collective and a host sync), so all ranks checkpoint at the "
                "same step. It runs at every step; on CPU its cost is within the noise, and "
                "whether a sparser check pays on a GPU (where it is a host sync) is unmeasured.",
-    "gpu": "Measured only where a CUDA device is visible (`make test-gpu`); each row names "
+    "gpu": "Measured only where a CUDA device is visible (`make gpu-check`, or `make "
+           "test-gpu`); each row names "
            "the GPU, and the machine line above names the host. Steps are timed with the "
            "device synchronised before each clock reading. The SyncBN rows time one layer's "
            "forward and backward through a one-rank NCCL group: the implementations' own "
@@ -146,7 +147,15 @@ def _jobs_then(run: Path, threads: int) -> int | None:
     return max(1, cores.pop() // threads) if len(cores) == 1 else None
 
 
-def observed_sweeps(runs: Path = RUNS) -> list[str]:
+ON_CPU = ("Observed: the sweeps' own runs", "Other work often shared the cores with these "
+          "sweeps, so they are slower than the benchmark's estimate, which measures a quiet "
+          "machine.")
+ON_GPU = ("Observed on a GPU: the values runs of `make gpu-check`", "Runs side by side on one "
+          "GPU (`--runs-per-gpu`, the jobs column), 10 epochs each: half a headline run; the "
+          "runs its time limit stopped are left out.")
+
+
+def observed_sweeps(runs: Path = RUNS, words: tuple[str, str] = ON_CPU) -> list[str]:
     """Wall time of the committed sweep runs, from their sweep.json, by cell kind."""
     groups: dict[tuple, list[float]] = {}
     for f in sorted(runs.glob("*/*/seed*/sweep.json")):
@@ -161,11 +170,9 @@ def observed_sweeps(runs: Path = RUNS) -> list[str]:
     if not groups:
         return []
     shown = runs.relative_to(ROOT) if runs.is_relative_to(ROOT) else runs
-    out = ["## Observed: the sweeps' own runs", "",
+    out = [f"## {words[0]}", "",
            "Wall time per completed run, from each run's `sweep.json` under "
-           f"`{shown}` (runs resumed after a stop left out). Other work often "
-           "shared the cores with these sweeps, so they are slower than the benchmark's "
-           "estimate, which measures a quiet machine.", "",
+           f"`{shown}` (runs resumed after a stop left out). {words[1]}", "",
            "| cell (model-norm-ranks x images) | threads per job | runs | median wall | range | "
            "jobs side by side | runs/hour |", "|---|---|---|---|---|---|---|"]
     for (cell, threads, jobs), walls in sorted(groups.items()):
@@ -185,7 +192,7 @@ def render(results: list[dict]) -> str:
         lines += section(res)
     if all("no GPU" in r["machine"]["machine"] for r in results):
         lines += ["No GPU figures yet: no session that produced these results had a GPU.", ""]
-    lines += observed_sweeps(RUNS)
+    lines += observed_sweeps(RUNS) + observed_sweeps(RUNS_CUDA, ON_GPU)
     return "\n".join(lines).rstrip() + "\n"
 
 
