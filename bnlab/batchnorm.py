@@ -2,7 +2,8 @@
 
 `RankBatchNorm` is one class for `bn` (this rank's batch), `syncbn` (the union of all ranks'
 samples, or of groups of `sync_group` ranks; bnlab.syncbn computes it) and `syncbn_naive`;
-`FrozenBatchNorm` stays in eval mode while the model trains; `BatchNormXd` is torch's BN for
+`FrozenBatchNorm` stays in eval mode while the model trains; `BatchRenorm` corrects each
+rank's batch statistics towards its running ones (Ioffe 2017); `BatchNormXd` is torch's BN for
 inputs of any rank. bnlab.norms swaps them into a model.
 """
 
@@ -196,6 +197,87 @@ class FrozenBatchNorm(RankBatchNorm):
     def train(self, mode: bool = True):
         self.mode_asked = mode
         return super().train(mode and not self.frozen)
+
+
+class BatchRenorm(RankBatchNorm):
+    """Batch Renormalization (Ioffe 2017, arXiv:1702.03275), on each rank's own batch.
+
+    Training: x_hat = (x - mu_B) / sigma_B * r + d, with sigma_B = sqrt(var_B + eps) (biased
+    var_B), r = clip(sigma_B / sigma, 1 / r_max, r_max) and d = clip((mu_B - mu) / sigma,
+    -d_max, d_max) held constant in the backward (no gradient through r and d); mu and sigma
+    are the running mean and standard deviation, updated as the paper defines them:
+    mu += f (mu_B - mu), sigma += f (sigma_B - sigma), f the momentum (None: the cumulative
+    average). `running_var` holds sigma^2 - eps, so evaluation (torch's BN with the running
+    statistics) computes (x - mu) / sigma, as the paper's inference does, and `revert` gives a
+    plain BN that evaluates the same. r_max and d_max start at 1 and 0 (plain BN) and ramp
+    linearly to their values after `hold_steps` training batches, over `r_ramp_steps` and
+    `d_ramp_steps` (the paper's ImageNet schedule by default); the layer counts its batches in
+    `num_batches_tracked`. Under the simulation each simulated rank renormalizes its own batch
+    against its own running statistics.
+    """
+
+    def __init__(self, num_features: int, r_max: float = 3.0, d_max: float = 5.0,
+                 hold_steps: int = 5000, r_ramp_steps: int = 40000, d_ramp_steps: int = 25000,
+                 **kw):
+        super().__init__(num_features, sync="none", **kw)
+        if r_max < 1 or d_max < 0 or min(hold_steps, r_ramp_steps, d_ramp_steps) < 0:
+            raise BnlabError(f"norm=brn needs r_max >= 1, d_max >= 0 and steps >= 0 (got "
+                             f"r_max={r_max}, d_max={d_max}, hold_steps={hold_steps}, "
+                             f"r_ramp_steps={r_ramp_steps}, d_ramp_steps={d_ramp_steps}).")
+        self.r_max, self.d_max, self.hold_steps = r_max, d_max, hold_steps
+        self.r_ramp_steps, self.d_ramp_steps = r_ramp_steps, d_ramp_steps
+
+    def extra_repr(self) -> str:
+        return (_BatchNorm.extra_repr(self) + f", r_max={self.r_max}, d_max={self.d_max}, "
+                f"hold_steps={self.hold_steps}, r_ramp_steps={self.r_ramp_steps}, "
+                f"d_ramp_steps={self.d_ramp_steps}")
+
+    def limits(self) -> tuple[float, float]:
+        """(r_max, d_max) at the batch about to be counted: 1 and 0 through `hold_steps`,
+        then linear to the configured values."""
+        done = int(self.num_batches_tracked) - self.hold_steps
+
+        def share(ramp: int) -> float:
+            return float(done >= 0) if ramp == 0 else min(1.0, max(0.0, done / ramp))
+
+        return (1 + (self.r_max - 1) * share(self.r_ramp_steps),
+                self.d_max * share(self.d_ramp_steps))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return _BatchNorm.forward(self, x)
+        _check_dims(x)
+        if not self.track_running_stats:
+            raise BnlabError("norm=brn needs layers that track running statistics "
+                             "(track_running_stats=True): r and d are measured against them.")
+        w, c = self.sim_world, self.num_features
+        if x.shape[0] % w:
+            raise BnlabError(f"a simulated batch of {x.shape[0]} does not split into {w} ranks.")
+        r_max, d_max = self.limits()
+        factor = self._ema_factor()
+        if w > 1:
+            rm, rv = self.sim_running_mean.view(w, c), self.sim_running_var.view(w, c)
+        else:
+            rm, rv = self.running_mean.view(1, c), self.running_var.view(1, c)
+        xs = in_stats_dtype(x).reshape(w, x.shape[0] // w, c, -1)  # rank, sample, channel, px
+        mean = xs.mean((1, 3))                                        # (w, c)
+        std = (xs.var((1, 3), unbiased=False) + self.eps).sqrt()
+        with torch.no_grad():
+            sigma = (rv.to(std.dtype) + self.eps).sqrt()
+            r = (std / sigma).clamp(1 / r_max, r_max)
+            d = ((mean - rm.to(mean.dtype)) / sigma).clamp(-d_max, d_max)
+            new_sigma = sigma + factor * (std - sigma)
+            rm.add_(factor * (mean.to(rm.dtype) - rm))
+            rv.copy_(new_sigma.square() - self.eps)
+        xhat = (xs - mean[:, None, :, None]) * (r / std)[:, None, :, None] + d[:, None, :, None]
+        if self.weight is not None:
+            xhat = xhat * self.weight.to(xs.dtype)[:, None]
+        if self.bias is not None:
+            xhat = xhat + self.bias.to(xs.dtype)[:, None]
+        if w > 1:
+            self.running_mean.copy_(rm[0])
+            self.running_var.copy_(rv[0])
+        return xhat.reshape(x.shape).to(x.dtype)
 
 
 def set_epoch(model: nn.Module, epoch: int) -> None:

@@ -14,8 +14,8 @@ N is the per-rank batch for bn and the sync group's batch for syncbn. It is at r
 `--min-images` samples (default 8: below 8 per GPU BN's error grows, Wu & He 2018, and
 bnlab's table-batch measures the same on CIFAR-10; the pixels of one image are far from
 independent) or under `--min-values` values (default 16; at 1 value BN cannot train at all).
-GroupNorm, LayerNorm, InstanceNorm and frozen BN do not depend on the batch and are listed
-for completeness. Exit status: 0 when no layer is at risk, 1 when some are (for CI), 2 for
+GroupNorm, LayerNorm, InstanceNorm, EvoNorm-S0 and frozen BN do not depend on the batch and are
+listed for completeness. Exit status: 0 when no layer is at risk, 1 when some are (for CI), 2 for
 bad input.
 """
 
@@ -36,6 +36,7 @@ from torch.nn.modules.instancenorm import _InstanceNorm
 
 from bnlab.batchnorm import restore_modes, save_modes
 from bnlab.errors import BnlabError
+from bnlab.norms import EvoNormS0
 from bnlab.syncbn import group_ranks
 
 KINDS = ("bn", "syncbn")
@@ -143,7 +144,7 @@ def _norm_layers(model: nn.Module) -> dict[nn.Module, str]:
     # imported it, and importing torchvision costs seconds (its ops import torch._dynamo)
     misc = sys.modules.get("torchvision.ops.misc")
     frozen = (misc.FrozenBatchNorm2d,) if misc is not None else ()
-    kinds = (_BatchNorm, nn.GroupNorm, nn.LayerNorm, _InstanceNorm, *frozen)
+    kinds = (_BatchNorm, nn.GroupNorm, nn.LayerNorm, _InstanceNorm, EvoNormS0, *frozen)
     return {m: n for n, m in model.named_modules() if isinstance(m, kinds)}
 
 
@@ -195,10 +196,11 @@ def measure(model: nn.Module, shape: tuple[int, ...], world: int, batch: int, no
                              True, at_risk(images, over, min_values, min_images)))
         else:
             c = s[1] if len(s) > 1 else 1
-            groups = m.num_groups if isinstance(m, nn.GroupNorm) else 1
+            groups = m.num_groups if isinstance(m, nn.GroupNorm) else \
+                m.groups if isinstance(m, EvoNormS0) else 1
             per = (c // groups) * spatial if not isinstance(m, nn.LayerNorm) else \
                 math.prod(m.normalized_shape)
-            if not isinstance(m, (nn.GroupNorm, nn.LayerNorm)):  # per channel: IN, frozen BN
+            if not isinstance(m, (nn.GroupNorm, nn.LayerNorm, EvoNormS0)):  # IN, frozen BN
                 per = spatial
             out.append(Layer(name, type(m).__name__, c, per, per, 1, False, False))
     return out

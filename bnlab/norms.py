@@ -15,6 +15,14 @@ and converts them with the same function; the config group `norm/` picks one ent
 | gn           | none: GroupNorm, per sample over groups of channels                       |
 | ln           | none: GroupNorm with one group (per sample over every channel and pixel)  |
 | frozen_bn    | none: BN kept in eval mode (running statistics, not updated) while training |
+| brn          | this rank's batch, renormalized towards the running statistics (Ioffe 2017)  |
+| evonorm      | none: EvoNorm-S0 (Liu et al. 2020), x sigmoid(v x) / its group's std       |
+
+The batch-free kind is EvoNorm-S0 rather than Filter Response Normalization: FRN divides each
+channel by its mean square over the pixels of one sample, which at a 1x1 map (resnet18's last
+stage on 32 px images) is the value itself, so it outputs little more than the sign; EvoNorm-S0
+takes its statistics over a group of channels and their pixels, as GroupNorm does, which stays
+defined there.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
-from bnlab.batchnorm import BatchNormXd, FrozenBatchNorm, RankBatchNorm
+from bnlab.batchnorm import BatchNormXd, BatchRenorm, FrozenBatchNorm, RankBatchNorm
 from bnlab.compat import BN_TAKES_BIAS, GN_TAKES_BIAS, bias_kw, drop_bias
 from bnlab.errors import BnlabError
 
@@ -95,15 +103,47 @@ def _frozen_bn(bn, name, eps=_KEEP, momentum=_KEEP, freeze_after=0):
     return _batch_stat_layer(FrozenBatchNorm, bn, eps, momentum, freeze_after=freeze_after)
 
 
-def _group_norm(bn, groups: int, eps) -> nn.GroupNorm:
-    bias = bn.bias is not None
-    gn = drop_bias(nn.GroupNorm(groups, bn.num_features, eps=bn.eps if eps is _KEEP else eps,
-                                affine=bn.affine, **bias_kw(bias, GN_TAKES_BIAS),
-                                **_factory(bn)), bias)
-    return _carry(bn, gn, ("weight", "bias"))  # BN's per-channel affine is GN's
+def _brn(bn, name, eps=_KEEP, momentum=_KEEP, r_max=3.0, d_max=5.0, hold_steps=5000,
+         r_ramp_steps=40000, d_ramp_steps=25000):
+    return _batch_stat_layer(BatchRenorm, bn, eps, momentum, r_max=r_max, d_max=d_max,
+                             hold_steps=hold_steps, r_ramp_steps=r_ramp_steps,
+                             d_ramp_steps=d_ramp_steps)
 
 
-def _gn(bn, name, groups=32, cap_groups=False, eps=_KEEP):
+class EvoNormS0(nn.Module):
+    """EvoNorm-S0 (Liu et al. 2020, arXiv:2004.02967): y = x sigmoid(v x) / s(x) weight + bias,
+    s(x) the standard deviation (biased, + eps under the root) of each sample's group of
+    `groups` channel groups over their channels and pixels. No batch statistics, no running
+    buffers; it is a normalization and an activation in one (the paper puts it in place of
+    BN + ReLU; converted into a model it replaces BN alone, and the model's ReLU stays)."""
+
+    def __init__(self, num_features: int, groups: int = 32, eps: float = 1e-5,
+                 device=None, dtype=None):
+        super().__init__()
+        if num_features % groups:
+            raise ValueError(f"{groups} groups do not divide {num_features} channels")
+        kw = {"device": device, "dtype": dtype}
+        self.num_features, self.groups, self.eps = num_features, groups, eps
+        self.weight = nn.Parameter(torch.ones(num_features, **kw))
+        self.bias = nn.Parameter(torch.zeros(num_features, **kw))
+        self.v = nn.Parameter(torch.ones(num_features, **kw))
+
+    def extra_repr(self) -> str:
+        return f"{self.num_features}, groups={self.groups}, eps={self.eps}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, c = x.shape[:2]
+        per = (1, c) + (1,) * (x.dim() - 2)
+        grouped = x.reshape(n, self.groups, -1).float()
+        std = (grouped.var(2, unbiased=False, keepdim=True) + self.eps).sqrt()
+        std = std.expand_as(grouped).reshape(x.shape).to(x.dtype)
+        y = x * torch.sigmoid(self.v.view(per).to(x.dtype) * x) / std
+        return y * self.weight.view(per).to(x.dtype) + self.bias.view(per).to(x.dtype)
+
+
+def _groups(bn, name: str, groups: int, cap_groups: bool) -> int:
+    """The group count for this layer: `groups` (or at most its channels with `cap_groups`),
+    refused in one sentence where it does not divide the layer's channels."""
     c = bn.num_features
     g = min(groups, c) if cap_groups else groups
     if c % g:
@@ -115,7 +155,25 @@ def _gn(bn, name, groups=32, cap_groups=False, eps=_KEEP):
             f"{fix} a group count that divides every layer's channels (here at most {best}; "
             "python -m bnlab doctor names one for the whole model)."
         )
-    return _group_norm(bn, g, eps)
+    return g
+
+
+def _evonorm(bn, name, groups=32, cap_groups=True, eps=_KEEP):
+    g = _groups(bn, name, groups, cap_groups)
+    layer = EvoNormS0(bn.num_features, g, bn.eps if eps is _KEEP else eps, **_factory(bn))
+    return _carry(bn, layer, ("weight", "bias"))  # BN's per-channel affine is EvoNorm's
+
+
+def _group_norm(bn, groups: int, eps) -> nn.GroupNorm:
+    bias = bn.bias is not None
+    gn = drop_bias(nn.GroupNorm(groups, bn.num_features, eps=bn.eps if eps is _KEEP else eps,
+                                affine=bn.affine, **bias_kw(bias, GN_TAKES_BIAS),
+                                **_factory(bn)), bias)
+    return _carry(bn, gn, ("weight", "bias"))  # BN's per-channel affine is GN's
+
+
+def _gn(bn, name, groups=32, cap_groups=False, eps=_KEEP):
+    return _group_norm(bn, _groups(bn, name, groups, cap_groups), eps)
 
 
 def _ln(bn, name, eps=_KEEP):
@@ -129,6 +187,8 @@ NORMS: dict[str, Callable[..., nn.Module]] = {
     "gn": _gn,
     "ln": _ln,
     "frozen_bn": _frozen_bn,
+    "brn": _brn,
+    "evonorm": _evonorm,
 }
 
 # Layers whose forward is known: a BN subclass with another forward, or with child modules
@@ -231,8 +291,8 @@ def revert(model: nn.Module) -> nn.Module:
     """Give back plain torch BatchNorm (1d, 2d or 3d as converted; BatchNormXd for torch's
     SyncBatchNorm) for every bnlab BN layer and torch SyncBatchNorm, state included.
 
-    GroupNorm and LayerNorm keep no batch statistics, so a model converted to gn or ln stays
-    as it is. A simulated model gives back rank 0's running statistics.
+    GroupNorm, LayerNorm and EvoNorm keep no batch statistics, so a model converted to gn, ln
+    or evonorm stays as it is. A simulated model gives back rank 0's running statistics.
     """
     _refuse_ddp(model, "revert")
 
