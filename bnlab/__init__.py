@@ -3,11 +3,13 @@
 The public API for your own model (docs/library.md): `convert` and `revert` swap every
 BatchNorm layer and keep its state (bnlab.norms); `precise_bn` recomputes the running
 statistics on any loader, reduced across ranks (bnlab.precise_bn); `sync_bn_stats` makes the
-ranks' running statistics agree at an epoch end (bnlab.bn_sync).
+ranks' running statistics agree at an epoch end (bnlab.bn_sync); `diagnose` measures what a
+trained model's BN statistics cost on its data, layer by layer (bnlab.diagnose).
 """
 
 from bnlab.bn_sync import sync_bn_stats
+from bnlab.diagnose import Diagnosis, diagnose
 from bnlab.norms import convert, revert
 from bnlab.precise_bn import precise_bn
 
-__all__ = ["convert", "precise_bn", "revert", "sync_bn_stats"]
+__all__ = ["Diagnosis", "convert", "diagnose", "precise_bn", "revert", "sync_bn_stats"]

@@ -2,6 +2,8 @@
 
     python -m bnlab doctor --model torchvision:resnet50 --input 3x224x224 --world 8 \\
         --batch-per-rank 2
+    python -m bnlab diagnose --model mypkg.models:make_net --checkpoint ckpt.pt \\
+        --loader mypkg.data:train_loader --batch-per-rank 2   # what BN's statistics cost
     python -m bnlab runs outputs/train/multirun_<stamp>        # a table across the runs
     python -m bnlab plot outputs/train/multirun_<stamp> --out runs.png
 
@@ -16,12 +18,14 @@ import sys
 
 from bnlab import doctor
 from bnlab.cli import run_cli
+from bnlab.diagnose import add_parser as add_diagnose
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bnlab", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     doctor.add_parser(sub)
+    add_diagnose(sub)
     from bnlab.lab import runs  # the harness's tools (matplotlib): loaded only here
 
     runs.add_parsers(sub)

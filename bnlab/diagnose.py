@@ -1,0 +1,382 @@
+"""Is BN the problem in my run? How much a model's BN statistics cost on its own data, and
+which layers.
+
+    report = bnlab.diagnose(model, batches, train_batch=2)   # any model with BN layers
+    print(report.table())
+
+    python -m bnlab diagnose --model mypkg.models:make_net --checkpoint ckpt.pt \\
+        --loader mypkg.data:train_loader [--val-loader mypkg.data:val_loader] \\
+        [--batch-per-rank 2] [--world 8] [--json out.json]
+
+On copies of the model (the caller's parameters, buffers, train/eval flags and RNG state stay
+as they were), it measures the metric (`evaluate(model) -> float`; default top-1 accuracy in %
+over `batches`) three ways: with the model's running statistics; after PreciseBN over
+`num_samples` samples of `batches` (both estimators, bnlab.precise_bn); and with each BN layer
+normalizing by the statistics of `train_batch` consecutive samples, the per-rank batch the
+run trained with. The statistics' cost is one number: PreciseBN's metric (train estimator)
+minus the running statistics'. Per BN layer: how far the running mean and variance sit from
+the population statistics PreciseBN measured (scale-free, worst first), and, with
+`train_batch`, whether the doctor's rule puts it at risk. Under torchrun (an initialized
+process group) PreciseBN's sums are reduced across ranks, the default metric counts every
+rank's batches, and the ranks' running statistics are compared with rank 0's (what a DDP
+checkpoint holds). One verdict line names the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as tdist
+import torch.nn as nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.parallel import DistributedDataParallel
+
+from bnlab import doctor
+from bnlab.diagnostics import ghost_batch_norm
+from bnlab.errors import BnlabError
+from bnlab.precise_bn import ESTIMATORS, precise_bn
+
+EPS = 1e-5
+THRESHOLD = 1.0  # points of the metric: above this cost, the statistics are a problem
+
+
+@dataclass
+class LayerGap:
+    """One BN layer's running statistics against the population's (PreciseBN, train)."""
+
+    name: str
+    mean_shift: float   # max over channels of |running mean - population mean| / population sd
+    log_var: float      # max over channels of |log(running var / population var)|
+    at_risk: bool | None = None  # the doctor's rule at train_batch (None: not asked)
+
+    @property
+    def worst(self) -> float:
+        return max(self.mean_shift, self.log_var)
+
+
+@dataclass
+class Diagnosis:
+    running: float                     # the metric with the model's running statistics
+    precise: dict[str, float]          # after PreciseBN, by estimator
+    train_mode: float | None           # with each layer on train_batch samples' statistics
+    train_batch: int | None
+    samples: int                       # what PreciseBN read (this rank)
+    layers: list[LayerGap]             # worst first
+    ranks: dict[str, float] = field(default_factory=dict)  # layer -> max divergence from rank 0
+    world: int = 1
+    threshold: float = THRESHOLD
+    metric: str = "top-1 accuracy (%)"
+
+    @property
+    def cost(self) -> float:
+        """What the running statistics cost: PreciseBN's metric (train estimator) minus theirs."""
+        return self.precise["train"] - self.running
+
+    @property
+    def at_risk(self) -> list[LayerGap]:
+        return [g for g in self.layers if g.at_risk]
+
+    def verdict(self) -> str:
+        """One line: whether BN's statistics are the problem, and the fix."""
+        parts = []
+        if self.cost > self.threshold:
+            parts.append(f"the running statistics cost {self.cost:.2f} points of {self.metric} "
+                         f"(PreciseBN recovers them): recalibrate before evaluating, "
+                         f"bnlab.precise_bn(model, train_batches)")
+        if self.at_risk:
+            parts.append(f"{len(self.at_risk)} of {len(self.layers)} BN layers are at risk at "
+                         f"{self.train_batch} samples per rank (the doctor's rule): share "
+                         f"statistics across ranks, bnlab.convert(model, 'syncbn', "
+                         f"sync_group=k) with k ranks reaching 8 samples (python -m bnlab "
+                         f"doctor names k)")
+        spread = max(self.ranks.values(), default=0.0)
+        if spread > 1.0:
+            parts.append(f"the ranks' running statistics disagree by up to {spread:.2f} "
+                         f"(rank 0's sd or log variance): sync them at epoch ends, "
+                         f"bnlab.sync_bn_stats(model)")
+        if not parts:
+            return (f"BN's statistics are not the problem here: PreciseBN changes {self.metric}"
+                    f" by {self.cost:+.2f} points (threshold {self.threshold:g})"
+                    + ("" if self.train_batch is None else
+                       f" and no layer is at risk at {self.train_batch} samples per rank"))
+        return "BN's statistics are a problem: " + "; ".join(parts) + "."
+
+    def table(self, top: int = 10) -> str:
+        rows = [f"| with the running statistics | {self.running:.2f} |"]
+        rows += [f"| after PreciseBN ({est} estimator, {self.samples} samples) | {v:.2f} |"
+                 for est, v in self.precise.items()]
+        if self.train_mode is not None:
+            rows.append(f"| with each layer on {self.train_batch} samples' statistics (train "
+                        f"mode) | {self.train_mode:.2f} |")
+        lines = [f"| evaluation | {self.metric} |", "|---|---|", *rows, "",
+                 f"Statistics' cost (PreciseBN minus running): **{self.cost:+.2f}** points.", "",
+                 "| layer | running mean off by (pop. sd) | running var off by (log) | at risk |",
+                 "|---|---|---|---|"]
+        lines += [f"| {g.name} | {g.mean_shift:.3f} | {g.log_var:.3f} | "
+                  f"{'-' if g.at_risk is None else 'yes' if g.at_risk else 'no'} |"
+                  for g in self.layers[:top]]
+        if len(self.layers) > top:
+            lines.append(f"| ({len(self.layers) - top} more, all closer) | | | |")
+        if self.world > 1:
+            worst = sorted(self.ranks.items(), key=lambda kv: -kv[1])[:3]
+            lines += ["", f"Across {self.world} ranks (rank 0's statistics are what a DDP "
+                      f"checkpoint holds), the largest divergence from rank 0: " + ", ".join(
+                          f"{n} {v:.3f}" for n, v in worst) + "."]
+        return "\n".join([*lines, "", self.verdict()])
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out.update(cost=self.cost, verdict=self.verdict())
+        return out
+
+
+# ----------------------------------------------------------------------------------------
+# The pieces
+
+
+def bn_of(model: nn.Module) -> dict[str, _BatchNorm]:
+    """The BN layers that keep running statistics, by name."""
+    out = {n: m for n, m in model.named_modules()
+           if isinstance(m, _BatchNorm) and m.running_mean is not None}
+    if not out:
+        raise BnlabError("the model has no BatchNorm layer with running statistics: there is "
+                         "nothing for bnlab.diagnose to measure.")
+    return out
+
+
+def accuracy(batches: Iterable, input_fn: Callable, target_fn: Callable) -> Callable:
+    """The default metric: top-1 accuracy (%) over `batches`, every rank's counted."""
+
+    @torch.no_grad()
+    def evaluate(model: nn.Module) -> float:
+        p = next(model.parameters())
+        right = torch.zeros(2, dtype=torch.float64, device=p.device)
+        for b in batches:
+            x, y = input_fn(b).to(p.device), target_fn(b).to(p.device)
+            right[0] += (model(x).argmax(1) == y).sum()
+            right[1] += len(y)
+        if tdist.is_initialized():
+            tdist.all_reduce(right)
+        if right[1] == 0:
+            raise BnlabError("the batches held no sample to evaluate.")
+        return float(100 * right[0] / right[1])
+
+    return evaluate
+
+
+def gaps(model: nn.Module, population: dict[str, tuple]) -> list[LayerGap]:
+    """Each layer's running statistics against the population's, worst first."""
+    out = []
+    for name, bn in bn_of(model).items():
+        mean, var = (t.to(bn.running_mean.device, torch.float64) for t in population[name])
+        rm, rv = bn.running_mean.double(), bn.running_var.double()
+        shift = ((rm - mean).abs() / (var + EPS).sqrt()).max().item()
+        log_var = ((rv + EPS).log() - (var + EPS).log()).abs().max().item()
+        out.append(LayerGap(name, shift, log_var))
+    return sorted(out, key=lambda g: -g.worst)
+
+
+def on_batch_statistics(model: nn.Module, batch: int) -> nn.Module:
+    """A copy whose BN layers normalize each run of `batch` consecutive samples by its own
+    statistics (running statistics untouched; the rest of the model stays in its mode)."""
+    m = copy.deepcopy(model)
+    for bn in bn_of(m).values():
+        bn.forward = lambda x, bn=bn: ghost_batch_norm(bn, x, batch)
+    return m
+
+
+def rank_spread(model: nn.Module) -> tuple[int, dict[str, float]]:
+    """(world, per layer the largest divergence of any rank's running statistics from rank
+    0's: max over channels of |mean_r - mean_0| / sd_0 and |log var_r / var_0|)."""
+    if not (tdist.is_initialized() and tdist.get_world_size() > 1):
+        return 1, {}
+    world, layers = tdist.get_world_size(), bn_of(model)
+    flat = torch.cat([t.double() for bn in layers.values()
+                      for t in (bn.running_mean, bn.running_var)])
+    got = [torch.empty_like(flat) for _ in range(world)]
+    tdist.all_gather(got, flat)
+    out, i = {}, 0
+    for name, bn in layers.items():
+        c = bn.num_features
+        m0, v0 = got[0][i:i + c], got[0][i + c:i + 2 * c]
+        out[name] = max(max(((g[i:i + c] - m0).abs() / (v0 + EPS).sqrt()).max().item(),
+                            ((g[i + c:i + 2 * c] + EPS).log() - (v0 + EPS).log()).abs().max()
+                            .item()) for g in got[1:])
+        i += 2 * c
+    return world, out
+
+
+def risk(model: nn.Module, batch, input_fn: Callable, train_batch: int) -> dict:
+    """The doctor's rule per layer at `train_batch` samples per rank (bnlab.doctor), for
+    samples shaped as `batch`'s."""
+    shape = tuple(input_fn(batch).shape[1:])
+    layers = doctor.measure(copy.deepcopy(model), shape, 1, train_batch, None, 0,
+                            doctor.MIN_VALUES, doctor.MIN_IMAGES)
+    return {layer.name: layer.at_risk for layer in layers}
+
+
+# ----------------------------------------------------------------------------------------
+# The entry point
+
+
+def _first(batch):
+    return batch if torch.is_tensor(batch) else batch[0]
+
+
+def _second(batch):
+    if torch.is_tensor(batch) or len(batch) < 2:
+        raise BnlabError("a batch holds no target for the default metric (its second item); "
+                         "pass target_fn, or evaluate=your_metric.")
+    return batch[1]
+
+
+def diagnose(model: nn.Module, batches: Iterable, *, evaluate: Callable | None = None,
+             num_samples: int = 4096, train_batch: int | None = None,
+             input_fn: Callable = _first, target_fn: Callable = _second,
+             threshold: float = THRESHOLD) -> Diagnosis:
+    """How much `model`'s BN statistics cost on `batches` (see the module's docstring).
+
+    `batches`: this rank's batches of (input, target) (or anything `input_fn` and `target_fn`
+    read); a one-shot iterator is read once into a list. `evaluate(model) -> float`: the
+    metric, higher is better (default: top-1 accuracy in % over `batches`); it is called on
+    copies in eval mode. `train_batch`: the per-rank batch the run trained with (adds the
+    train-mode row and the doctor's rule). The caller's model is left exactly as it was.
+    """
+    bare = model.module if isinstance(model, DistributedDataParallel) else model
+    bn_of(bare)
+    if num_samples < 1:
+        raise BnlabError(f"num_samples={num_samples} reads nothing; give a positive count.")
+    if train_batch is not None and train_batch < 2:
+        raise BnlabError(f"train_batch={train_batch}: BN needs at least 2 samples to "
+                         "normalize; give the per-rank batch the run trained with.")
+    data = list(batches) if iter(batches) is batches else batches
+    if not any(True for _ in data):
+        raise BnlabError("the batches are empty; give the loader of the data to diagnose on.")
+    evaluate = evaluate or accuracy(data, input_fn, target_fn)
+    devices = [next(bare.parameters()).device] if next(bare.parameters()).is_cuda else []
+    with torch.random.fork_rng(devices=devices):
+        running = _measure(bare, evaluate)
+        precise, population, samples = {}, None, 0
+        for est in ESTIMATORS:
+            m = copy.deepcopy(bare)
+            stats = precise_bn(m, data, num_samples, est, input_fn=input_fn)
+            precise[est] = _measure(m, evaluate)
+            if est == "train":
+                population = stats
+                samples = _count(data, num_samples, input_fn)
+        train_mode = None if train_batch is None else \
+            _measure(on_batch_statistics(bare, train_batch), evaluate)
+        layers = gaps(bare, population)
+        if train_batch is not None:
+            flagged = risk(bare, next(iter(data)), input_fn, train_batch)
+            for g in layers:
+                g.at_risk = flagged.get(g.name)
+        world, ranks = rank_spread(bare)
+    return Diagnosis(running, precise, train_mode, train_batch, samples, layers, ranks, world,
+                     threshold)
+
+
+def _measure(model: nn.Module, evaluate: Callable) -> float:
+    m = copy.deepcopy(model).eval()
+    value = float(evaluate(m))
+    if not math.isfinite(value):
+        raise BnlabError(f"the metric gave {value}; evaluate(model) must return a number.")
+    return value
+
+
+def _count(data, num_samples: int, input_fn: Callable) -> int:
+    n = 0
+    for b in data:
+        n += len(input_fn(b))
+        if n >= num_samples:
+            return num_samples
+    return n
+
+
+# ----------------------------------------------------------------------------------------
+# python -m bnlab diagnose
+
+
+def _factory(spec: str, what: str) -> Callable:
+    """`pkg.mod:fn` imported from the current directory or the installed packages."""
+    import importlib
+    import sys
+
+    if ":" not in spec:
+        raise BnlabError(f"--{what} {spec!r} is not <module>:<function>; write it as "
+                         f"mypkg.data:make_loader.")
+    where, name = spec.split(":", 1)
+    sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(where)
+    except Exception as e:
+        raise BnlabError(f"--{what} {spec!r}: importing {where!r} failed ({type(e).__name__}: "
+                         f"{e}); run from the folder that holds it or install it.") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise BnlabError(f"--{what} {spec!r}: {where} has no function {name!r}.")
+    return fn
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    """A state dict (or a checkpoint holding one under 'model' or 'state_dict') into `model`."""
+    from bnlab import checkpoint
+
+    state = checkpoint.load(path)
+    if isinstance(state, dict):
+        state = state.get("model", state.get("state_dict", state))
+    state = {k.removeprefix("module."): v for k, v in state.items()
+             if ".sim_" not in k and not k.startswith("sim_")}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0]
+        raise BnlabError(f"--checkpoint {path} does not fit --model ({first}); give the "
+                         "weights of this model.") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    model, _ = doctor.load_model(args.model)  # a factory, or a bnlab run's checkpoint
+    if args.checkpoint is not None:
+        load_weights(model, Path(args.checkpoint))
+    batches = _factory(args.loader, "loader")()
+    evaluate = None
+    if args.val_loader:
+        val = list(_factory(args.val_loader, "val-loader")())
+        evaluate = accuracy(val, _first, _second)
+    report = diagnose(model, batches, evaluate=evaluate, num_samples=args.num_samples,
+                      train_batch=args.batch_per_rank, threshold=args.threshold)
+    print(report.table())
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
+        print(f"\nwrote {args.json}")
+    return 1 if report.cost > args.threshold else 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("diagnose", help="how much a trained model's BN statistics cost on its "
+                       "data, and which layers", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="<module>:<factory>, torchvision:<name>, "
+                   "bnlab:<name>, or a bnlab run's checkpoint")
+    p.add_argument("--checkpoint", help="weights for --model: a state dict, or a checkpoint "
+                   "holding one under 'model' or 'state_dict'")
+    p.add_argument("--loader", required=True, help="<module>:<function> returning the "
+                   "training batches of (input, target) PreciseBN reads (and the default "
+                   "metric, without --val-loader)")
+    p.add_argument("--val-loader", help="<module>:<function> returning the batches the "
+                   "metric (top-1 accuracy) is measured on")
+    p.add_argument("--batch-per-rank", type=int, help="the per-rank batch the run trained "
+                   "with: adds the train-mode row and the doctor's rule")
+    p.add_argument("--num-samples", type=int, default=4096,
+                   help="samples PreciseBN reads (default 4096)")
+    p.add_argument("--threshold", type=float, default=THRESHOLD, help="exit 1 where the "
+                   f"statistics cost more than this many points (default {THRESHOLD:g})")
+    p.add_argument("--json", help="write the report as JSON here")
+    p.set_defaults(run=run)

@@ -1,0 +1,142 @@
+"""bnlab.diagnose and `python -m bnlab diagnose` on models users have: the caller's model left
+alone, a planted fault named first, the statistics' cost against PreciseBN, the CLI's exits."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torchvision
+
+import bnlab
+from bnlab.errors import BnlabError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def batches(n: int = 6, size: int = 16, seed: int = 0) -> list:
+    """(images, labels) batches whose labels a small net can read off the mean colour."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        y = torch.randint(0, 4, (size,), generator=g)
+        x = torch.randn(size, 3, 16, 16, generator=g) + y.view(-1, 1, 1, 1).float()
+        out.append((x, y))
+    return out
+
+
+def small_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+
+
+def settled(model: nn.Module, data: list) -> nn.Module:
+    """Running statistics that are the population's: what a well trained model holds."""
+    bnlab.precise_bn(model, data, None)
+    return model.eval()
+
+
+def test_the_callers_model_rng_and_modes_are_left_as_they_were():
+    model, data = small_net(), batches()
+    model[1].eval()  # a mixed state: one BN layer in eval mode, the rest training
+    before = copy.deepcopy(model.state_dict())
+    modes = [m.training for m in model.modules()]
+    rng = torch.get_rng_state()
+    report = bnlab.diagnose(model, data, train_batch=2, num_samples=64)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert [m.training for m in model.modules()] == modes
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert report.samples == 64 and set(report.precise) == {"train", "eval"}
+    assert all(g.at_risk for g in report.layers)  # 2 images: the doctor's rule flags them
+
+
+def test_a_planted_fault_is_named_first_and_costs_accuracy():
+    data = batches()
+    model = settled(torchvision.models.resnet18(num_classes=4), data)
+    clean = bnlab.diagnose(model, data, num_samples=96)
+    assert abs(clean.cost) < 1e-9 and clean.layers[0].worst < 1e-3  # nothing to recover
+    assert clean.verdict().startswith("BN's statistics are not the problem")
+    with torch.no_grad():
+        model.layer2[0].bn1.running_var.mul_(10)
+    report = bnlab.diagnose(model, data, num_samples=96)
+    assert report.layers[0].name == "layer2.0.bn1"
+    assert report.layers[0].log_var == pytest.approx(torch.log(torch.tensor(10.0)).item(),
+                                                     abs=1e-4)
+    assert report.layers[1].worst < 1e-3
+    assert report.precise["train"] == pytest.approx(clean.running)  # PreciseBN undoes it
+
+
+def test_the_train_mode_row_normalizes_each_run_of_the_training_batch_on_its_own():
+    model, data = settled(small_net(), batches()), batches()
+    seen = []
+    report = bnlab.diagnose(model, data, num_samples=32, train_batch=4,
+                            evaluate=lambda m: seen.append(m) or 0.0)
+    x = data[0][0]
+    m = seen[-1]  # the copy the train-mode row measured
+    want = torch.cat([small_net_bn_on(model, x[i:i + 4]) for i in range(0, 16, 4)])
+    torch.testing.assert_close(m[:2](x), want)
+    assert report.train_mode == 0.0 and report.train_batch == 4
+
+
+def small_net_bn_on(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The first conv and BN of `model`, BN on `x`'s own statistics."""
+    bn = model[1]
+    return nn.functional.batch_norm(model[0](x), None, None, bn.weight, bn.bias, True, 0.0,
+                                    bn.eps)
+
+
+def test_bad_input_is_one_sentence():
+    with pytest.raises(BnlabError, match="no BatchNorm layer"):
+        bnlab.diagnose(nn.Sequential(nn.Linear(2, 2)), [torch.zeros(1, 2)])
+    with pytest.raises(BnlabError, match="batches are empty"):
+        bnlab.diagnose(small_net(), [])
+    with pytest.raises(BnlabError, match="no target"):
+        bnlab.diagnose(small_net(), [torch.zeros(4, 3, 8, 8)], num_samples=4)
+    with pytest.raises(BnlabError, match="at least 2 samples"):
+        bnlab.diagnose(small_net(), batches(), train_batch=1)
+
+
+def test_the_command_prints_the_table_writes_json_and_exits_by_the_threshold(tmp_path):
+    (tmp_path / "mine.py").write_text(
+        "import torch, torch.nn as nn\n"
+        "def net():\n"
+        "    torch.manual_seed(0)\n"
+        "    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),\n"
+        "                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))\n"
+        "def loader():\n"
+        "    g = torch.Generator().manual_seed(1)\n"
+        "    return [(torch.randn(8, 3, 8, 8, generator=g) * 3 + 2,\n"
+        "             torch.randint(0, 3, (8,), generator=g)) for _ in range(4)]\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import mine
+    finally:
+        sys.path.remove(str(tmp_path))
+    torch.save({"model": mine.net().state_dict()}, tmp_path / "ckpt.pt")
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "bnlab", "diagnose", "--model", "mine:net",
+                               "--loader", "mine:loader", *args], cwd=tmp_path, text=True,
+                              capture_output=True, env={"PYTHONPATH": str(ROOT),
+                                                        "PATH": "/usr/bin:/bin"})
+
+    r = cli("--checkpoint", "ckpt.pt", "--batch-per-rank", "2", "--json", "out.json",
+            "--num-samples", "32", "--threshold", "100")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert "| with the running statistics |" in r.stdout and out["verdict"] in r.stdout
+    assert out["cost"] == pytest.approx(out["precise"]["train"] - out["running"])
+    below = f"{out['cost'] - 1:g}"  # a threshold under the measured cost: exit 1, and the fix
+    r = cli("--checkpoint", "ckpt.pt", "--num-samples", "32", "--threshold", below)
+    assert r.returncode == 1 and "recalibrate" in r.stdout
+    r = cli("--checkpoint", "nothing.pt")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "does not exist" in r.stderr
