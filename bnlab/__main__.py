@@ -18,14 +18,14 @@ import sys
 
 from bnlab import doctor
 from bnlab.cli import run_cli
-from bnlab.diagnose import add_parser as add_diagnose
+from bnlab.evaluation import add_diagnose_parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bnlab", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     doctor.add_parser(sub)
-    add_diagnose(sub)
+    add_diagnose_parser(sub)
     from bnlab.lab import runs  # the harness's tools (matplotlib): loaded only here
 
     runs.add_parsers(sub)

@@ -6,7 +6,8 @@ which layers.
 
     python -m bnlab diagnose --model mypkg.models:make_net --checkpoint ckpt.pt \\
         --loader mypkg.data:train_loader [--val-loader mypkg.data:val_loader] \\
-        [--batch-per-rank 2] [--world 8] [--json out.json]
+        [--batch-per-rank 2] [--json out.json]      # the command: bnlab/evaluation.py
+    python -m bnlab diagnose --model outputs/train/<run>   # a bnlab run, on its own data
 
 On copies of the model (the caller's parameters, buffers, train/eval flags and RNG state stay
 as they were), it measures the metric (`evaluate(model) -> float`; default top-1 accuracy in %
@@ -24,13 +25,10 @@ checkpoint holds). One verdict line names the fix.
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed as tdist
@@ -105,7 +103,9 @@ class Diagnosis:
             return (f"BN's statistics are not the problem here: PreciseBN changes {self.metric}"
                     f" by {self.cost:+.2f} points (threshold {self.threshold:g})"
                     + ("" if self.train_batch is None else
-                       f" and no layer is at risk at {self.train_batch} samples per rank"))
+                       f" and no layer is at risk at {self.train_batch} samples per rank")
+                    + ("" if self.world == 1 else
+                       f"; the ranks' running statistics agree within {spread:.2f}") + ".")
         return "BN's statistics are a problem: " + "; ".join(parts) + "."
 
     def table(self, top: int = 10) -> str:
@@ -192,25 +192,36 @@ def on_batch_statistics(model: nn.Module, batch: int) -> nn.Module:
     return m
 
 
-def rank_spread(model: nn.Module) -> tuple[int, dict[str, float]]:
+def rank_spread(model: nn.Module, ranks: list[dict] | None = None
+                ) -> tuple[int, dict[str, float]]:
     """(world, per layer the largest divergence of any rank's running statistics from rank
-    0's: max over channels of |mean_r - mean_0| / sd_0 and |log var_r / var_0|)."""
-    if not (tdist.is_initialized() and tdist.get_world_size() > 1):
-        return 1, {}
-    world, layers = tdist.get_world_size(), bn_of(model)
-    flat = torch.cat([t.double() for bn in layers.values()
-                      for t in (bn.running_mean, bn.running_var)])
-    got = [torch.empty_like(flat) for _ in range(world)]
-    tdist.all_gather(got, flat)
-    out, i = {}, 0
-    for name, bn in layers.items():
-        c = bn.num_features
-        m0, v0 = got[0][i:i + c], got[0][i + c:i + 2 * c]
-        out[name] = max(max(((g[i:i + c] - m0).abs() / (v0 + EPS).sqrt()).max().item(),
-                            ((g[i + c:i + 2 * c] + EPS).log() - (v0 + EPS).log()).abs().max()
-                            .item()) for g in got[1:])
-        i += 2 * c
-    return world, out
+    0's: max over channels of |mean_r - mean_0| / sd_0 and |log var_r / var_0|). The ranks'
+    statistics come from `ranks` (per rank, layer -> (mean, var), as a bnlab checkpoint keeps
+    them) or, under torchrun, from every rank's model."""
+    if ranks is None:
+        if not (tdist.is_initialized() and tdist.get_world_size() > 1):
+            return 1, {}
+        layers = bn_of(model)
+        flat = torch.cat([t.double() for bn in layers.values()
+                          for t in (bn.running_mean, bn.running_var)])
+        got = [torch.empty_like(flat) for _ in range(tdist.get_world_size())]
+        tdist.all_gather(got, flat)
+        ranks = []
+        for g in got:
+            i, per = 0, {}
+            for name, bn in layers.items():
+                c = bn.num_features
+                per[name], i = (g[i:i + c], g[i + c:i + 2 * c]), i + 2 * c
+            ranks.append(per)
+    if len(ranks) < 2:
+        return len(ranks), {}
+    out = {}
+    for name, (m0, v0) in ranks[0].items():
+        m0, v0 = m0.double(), v0.double()
+        out[name] = max(max(((r[name][0].double() - m0).abs() / (v0 + EPS).sqrt()).max().item(),
+                            ((r[name][1].double() + EPS).log() - (v0 + EPS).log()).abs().max()
+                            .item()) for r in ranks[1:])
+    return len(ranks), out
 
 
 def risk(model: nn.Module, batch, input_fn: Callable, train_batch: int) -> dict:
@@ -240,14 +251,16 @@ def _second(batch):
 def diagnose(model: nn.Module, batches: Iterable, *, evaluate: Callable | None = None,
              num_samples: int = 4096, train_batch: int | None = None,
              input_fn: Callable = _first, target_fn: Callable = _second,
-             threshold: float = THRESHOLD) -> Diagnosis:
+             threshold: float = THRESHOLD, rank_stats: list[dict] | None = None) -> Diagnosis:
     """How much `model`'s BN statistics cost on `batches` (see the module's docstring).
 
     `batches`: this rank's batches of (input, target) (or anything `input_fn` and `target_fn`
     read); a one-shot iterator is read once into a list. `evaluate(model) -> float`: the
     metric, higher is better (default: top-1 accuracy in % over `batches`); it is called on
     copies in eval mode. `train_batch`: the per-rank batch the run trained with (adds the
-    train-mode row and the doctor's rule). The caller's model is left exactly as it was.
+    train-mode row and the doctor's rule). `rank_stats`: every rank's running statistics
+    (per rank, layer -> (mean, var)) where a checkpoint kept them; under torchrun they are
+    gathered. The caller's model is left exactly as it was.
     """
     bare = model.module if isinstance(model, DistributedDataParallel) else model
     bn_of(bare)
@@ -278,7 +291,7 @@ def diagnose(model: nn.Module, batches: Iterable, *, evaluate: Callable | None =
             flagged = risk(bare, next(iter(data)), input_fn, train_batch)
             for g in layers:
                 g.at_risk = flagged.get(g.name)
-        world, ranks = rank_spread(bare)
+        world, ranks = rank_spread(bare, rank_stats)
     return Diagnosis(running, precise, train_mode, train_batch, samples, layers, ranks, world,
                      threshold)
 
@@ -298,85 +311,3 @@ def _count(data, num_samples: int, input_fn: Callable) -> int:
         if n >= num_samples:
             return num_samples
     return n
-
-
-# ----------------------------------------------------------------------------------------
-# python -m bnlab diagnose
-
-
-def _factory(spec: str, what: str) -> Callable:
-    """`pkg.mod:fn` imported from the current directory or the installed packages."""
-    import importlib
-    import sys
-
-    if ":" not in spec:
-        raise BnlabError(f"--{what} {spec!r} is not <module>:<function>; write it as "
-                         f"mypkg.data:make_loader.")
-    where, name = spec.split(":", 1)
-    sys.path.insert(0, str(Path.cwd()))
-    try:
-        module = importlib.import_module(where)
-    except Exception as e:
-        raise BnlabError(f"--{what} {spec!r}: importing {where!r} failed ({type(e).__name__}: "
-                         f"{e}); run from the folder that holds it or install it.") from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise BnlabError(f"--{what} {spec!r}: {where} has no function {name!r}.")
-    return fn
-
-
-def load_weights(model: nn.Module, path: Path) -> None:
-    """A state dict (or a checkpoint holding one under 'model' or 'state_dict') into `model`."""
-    from bnlab import checkpoint
-
-    state = checkpoint.load(path)
-    if isinstance(state, dict):
-        state = state.get("model", state.get("state_dict", state))
-    state = {k.removeprefix("module."): v for k, v in state.items()
-             if ".sim_" not in k and not k.startswith("sim_")}
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        first = str(e).strip().splitlines()[0]
-        raise BnlabError(f"--checkpoint {path} does not fit --model ({first}); give the "
-                         "weights of this model.") from None
-
-
-def run(args: argparse.Namespace) -> int:
-    model, _ = doctor.load_model(args.model)  # a factory, or a bnlab run's checkpoint
-    if args.checkpoint is not None:
-        load_weights(model, Path(args.checkpoint))
-    batches = _factory(args.loader, "loader")()
-    evaluate = None
-    if args.val_loader:
-        val = list(_factory(args.val_loader, "val-loader")())
-        evaluate = accuracy(val, _first, _second)
-    report = diagnose(model, batches, evaluate=evaluate, num_samples=args.num_samples,
-                      train_batch=args.batch_per_rank, threshold=args.threshold)
-    print(report.table())
-    if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
-        print(f"\nwrote {args.json}")
-    return 1 if report.cost > args.threshold else 0
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("diagnose", help="how much a trained model's BN statistics cost on its "
-                       "data, and which layers", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="<module>:<factory>, torchvision:<name>, "
-                   "bnlab:<name>, or a bnlab run's checkpoint")
-    p.add_argument("--checkpoint", help="weights for --model: a state dict, or a checkpoint "
-                   "holding one under 'model' or 'state_dict'")
-    p.add_argument("--loader", required=True, help="<module>:<function> returning the "
-                   "training batches of (input, target) PreciseBN reads (and the default "
-                   "metric, without --val-loader)")
-    p.add_argument("--val-loader", help="<module>:<function> returning the batches the "
-                   "metric (top-1 accuracy) is measured on")
-    p.add_argument("--batch-per-rank", type=int, help="the per-rank batch the run trained "
-                   "with: adds the train-mode row and the doctor's rule")
-    p.add_argument("--num-samples", type=int, default=4096,
-                   help="samples PreciseBN reads (default 4096)")
-    p.add_argument("--threshold", type=float, default=THRESHOLD, help="exit 1 where the "
-                   f"statistics cost more than this many points (default {THRESHOLD:g})")
-    p.add_argument("--json", help="write the report as JSON here")
-    p.set_defaults(run=run)

@@ -1,9 +1,11 @@
-"""Evaluate a saved run's BN statistics (claims C7, C8, C10), or diagnose settings offline.
+"""Evaluate a saved run's BN statistics (claims C7, C8, C10), or diagnose settings offline;
+and `python -m bnlab diagnose`, bnlab.diagnose's command, for any model or a bnlab run.
 
 For a checkpoint: eval-mode accuracy at several batch sizes (must not change), train-mode
 accuracy at several batch sizes (on a copy: a train-mode forward moves running statistics),
 accuracy with each rank's running statistics and their average (where the run kept them),
-and after PreciseBN with both estimators. Printed as a table and written to eval.json.
+and after PreciseBN with both estimators (bnlab.diagnose, which measures the same for any
+model). Printed as a table and written to eval.json.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from tqdm import tqdm
 from bnlab import checkpoint, dist, doctor
 from bnlab.batchnorm import RankBatchNorm
 from bnlab.data import Dataset, Split, TrainLoader, build_dataset
+from bnlab.diagnose import THRESHOLD, Diagnosis, accuracy
+from bnlab.diagnose import diagnose as diagnose_model
 from bnlab.diagnostics import train_mode_accuracy
 from bnlab.errors import BnlabError
 from bnlab.net import build_net
-from bnlab.precise_bn import ESTIMATORS, recalibrate, set_running_stats
+from bnlab.precise_bn import ESTIMATORS, set_running_stats
 from bnlab.validation import val_metrics
 
 
@@ -86,11 +90,11 @@ def _with_stats(model: nn.Module, stats: dict, acc: Callable) -> float:
     return acc(m)
 
 
-def _precise_acc(model: nn.Module, loader, steps: int, est: str, acc: Callable) -> float:
-    """Val acc of a copy of `model` with PreciseBN statistics from `steps` batches."""
-    m = copy.deepcopy(model)
-    recalibrate(m, lambda: loader.images(0, steps), est)
-    return acc(m)
+def _diagnosis(model: nn.Module, loader, steps: int, acc: Callable) -> Diagnosis:
+    """bnlab.diagnose on the run's model: its training images (`steps` batches, unaugmented)
+    for PreciseBN, val acc as the metric."""
+    images = list(loader.images(0, steps))
+    return diagnose_model(model, images, evaluate=acc, num_samples=sum(map(len, images)))
 
 
 def evaluate_run(cfg: DictConfig) -> dict:
@@ -112,8 +116,9 @@ def evaluate_run(cfg: DictConfig) -> dict:
         tasks.append(("average of the ranks' statistics", partial(_with_stats, model, avg, acc)))
     loader = TrainLoader(data, env.device, cfg.precise_bn_batch, 1, 0, 1, 0, augment=False)
     steps = max(1, cfg.precise_bn_samples // cfg.precise_bn_batch)
-    tasks += [(f"PreciseBN ({est} estimator)",
-               partial(_precise_acc, model, loader, steps, est, acc)) for est in ESTIMATORS]
+    report: list[Diagnosis] = []  # PreciseBN's rows: bnlab.diagnose's, as for any model
+    tasks.append(("PreciseBN (both estimators)",
+                  lambda: report.append(_diagnosis(model, loader, steps, acc))))
     print(f"checkpoint {path} (epoch {state['epoch']}, step {state['step']}): "
           f"{len(tasks)} evaluations of {len(val)} validation images", file=sys.stderr)
     rows: dict[str, float] = {}
@@ -122,6 +127,8 @@ def evaluate_run(cfg: DictConfig) -> dict:
         for name, get in bar:
             bar.set_postfix_str(name)
             rows[name] = get()
+    del rows["PreciseBN (both estimators)"]
+    rows.update({f"PreciseBN ({est} estimator)": report[0].precise[est] for est in ESTIMATORS})
     out = {"checkpoint": str(path), "epoch": state["epoch"], "step": state["step"],
            "val_acc": rows}
     run_dir = path if path.is_dir() else path.parent
@@ -161,3 +168,103 @@ def main(cfg: DictConfig) -> None:
         raise SystemExit(2) from None
 
 
+# ----------------------------------------------------------------------------------------
+# python -m bnlab diagnose
+
+
+def _factory(spec: str, what: str) -> Callable:
+    """`pkg.mod:fn` imported from the current directory or the installed packages."""
+    import importlib
+
+    if ":" not in spec:
+        raise BnlabError(f"--{what} {spec!r} is not <module>:<function>; write it as "
+                         f"mypkg.data:make_loader.")
+    where, name = spec.split(":", 1)
+    sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(where)
+    except Exception as e:
+        raise BnlabError(f"--{what} {spec!r}: importing {where!r} failed ({type(e).__name__}: "
+                         f"{e}); run from the folder that holds it or install it.") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise BnlabError(f"--{what} {spec!r}: {where} has no function {name!r}.")
+    return fn
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    """A state dict (or a checkpoint holding one under 'model' or 'state_dict') into `model`."""
+    state = checkpoint.load(path)
+    if isinstance(state, dict):
+        state = state.get("model", state.get("state_dict", state))
+    state = {k.removeprefix("module."): v for k, v in state.items()
+             if ".sim_" not in k and not k.startswith("sim_")}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0]
+        raise BnlabError(f"--checkpoint {path} does not fit --model ({first}); give the "
+                         "weights of this model.") from None
+
+
+def _own_run(args: argparse.Namespace) -> tuple[nn.Module, list, Callable, int, list | None]:
+    """A bnlab run's model, training images (unaugmented), val acc, per-rank batch and its
+    ranks' running statistics (where the run kept them)."""
+    run = load_trained(Path(args.model), args.data_root)
+    loader = TrainLoader(run.data, run.env.device, 128, 1, 0, 1, 0, augment=False)
+    steps = max(1, -(-args.num_samples // 128))
+    return (run.model, list(loader.images(0, steps)), run.acc, run.cfg["batch_per_gpu"],
+            run.state.get("rank_bn_stats") or None)
+
+
+def diagnose_command(args: argparse.Namespace) -> int:
+    """`python -m bnlab diagnose`: the table, the JSON; exit 1 above the threshold."""
+    if args.loader is None:
+        if ":" in args.model:
+            raise BnlabError("--loader is needed for your own model (<module>:<function> "
+                             "returning its training batches); without it --model must be a "
+                             "bnlab run or its checkpoint.pt.")
+        model, batches, evaluate, batch, ranks = _own_run(args)
+    else:
+        model, _ = doctor.load_model(args.model)
+        if args.checkpoint is not None:
+            load_weights(model, Path(args.checkpoint))
+        batches, batch, ranks = _factory(args.loader, "loader")(), None, None
+        evaluate = None
+        if args.val_loader:
+            evaluate = accuracy(list(_factory(args.val_loader, "val-loader")()),
+                                lambda b: b[0], lambda b: b[1])
+    report = diagnose_model(model, batches, evaluate=evaluate, num_samples=args.num_samples,
+                            train_batch=args.batch_per_rank or batch, threshold=args.threshold,
+                            rank_stats=ranks)
+    print(report.table())
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
+        print(f"\nwrote {args.json}")
+    return 1 if report.cost > args.threshold else 0
+
+
+def add_diagnose_parser(sub) -> None:
+    p = sub.add_parser("diagnose", help="how much a trained model's BN statistics cost on its "
+                       "data, and which layers", description="Is BN the problem in my run? "
+                       "What a trained model's BN statistics cost on its own data "
+                       "(bnlab.diagnose).")
+    p.add_argument("--model", required=True, help="<module>:<factory>, torchvision:<name>, "
+                   "or a bnlab run (its folder or checkpoint.pt: its own data, no --loader)")
+    p.add_argument("--checkpoint", help="weights for --model: a state dict, or a checkpoint "
+                   "holding one under 'model' or 'state_dict'")
+    p.add_argument("--loader", help="<module>:<function> returning the training batches of "
+                   "(input, target) that PreciseBN reads (and the metric, without "
+                   "--val-loader)")
+    p.add_argument("--val-loader", help="<module>:<function> returning the batches top-1 "
+                   "accuracy is measured on")
+    p.add_argument("--batch-per-rank", type=int, help="the per-rank batch the run trained "
+                   "with: the train-mode row and the doctor's rule (a bnlab run: its own)")
+    p.add_argument("--num-samples", type=int, default=4096,
+                   help="samples PreciseBN reads (default 4096)")
+    p.add_argument("--threshold", type=float, default=THRESHOLD, help="exit 1 where the "
+                   f"statistics cost more than this many points (default {THRESHOLD:g})")
+    p.add_argument("--data-root", help="a bnlab run: read CIFAR-10 from here instead of the "
+                   "run's own data.root")
+    p.add_argument("--json", help="write the report as JSON here")
+    p.set_defaults(run=diagnose_command)
