@@ -9,6 +9,8 @@ inputs of any rank. bnlab.norms swaps them into a model.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.distributed as tdist
 import torch.nn as nn
@@ -57,14 +59,18 @@ class RankBatchNorm(_BatchNorm):
     def __init__(self, num_features: int, sync: str = "none", sync_group: int = 0,
                  eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                  track_running_stats: bool = True, device=None, dtype=None, *,
-                 bias: bool = True, impl: str = "auto"):
+                 bias: bool = True, impl: str = "auto", process_group=None):
         super().__init__(num_features, eps, momentum, affine, track_running_stats,
                          device=device, dtype=dtype, **bias_kw(bias, BN_TAKES_BIAS))
         drop_bias(self, bias)
         assert sync in SYNC_MODES, sync
         if impl not in SYNCBN_IMPLS:
             raise BnlabError(f"norm.impl='{impl}' is unknown; choose one of {SYNCBN_IMPLS}.")
+        if process_group is not None and (sync != "exact" or sync_group):
+            raise BnlabError("process_group is for syncbn alone, in place of sync_group; give "
+                             "one of them.")
         self.sync, self.sync_group, self.impl = sync, sync_group, impl
+        self.process_group = process_group  # the ranks that share statistics (any ranks)
         self.sim_world = 1
         self.reverts_to: type[_BatchNorm] = nn.BatchNorm2d  # the class `revert` gives back
 
@@ -78,8 +84,26 @@ class RankBatchNorm(_BatchNorm):
             if self.bias is not None:
                 nn.init.zeros_(self.bias)
 
+    def __deepcopy__(self, memo):
+        """A copy of the layer that shares its process group (a group cannot be copied: the
+        copy syncs with the same ranks)."""
+        if self.process_group is not None:
+            memo[id(self.process_group)] = self.process_group
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        new.__dict__.update({k: copy.deepcopy(v, memo) for k, v in self.__dict__.items()})
+        return new
+
+    @property
+    def kind(self) -> str:
+        """The norm this layer computes, as `convert` names it."""
+        return {"none": "bn", "exact": "syncbn", "naive": "syncbn_naive"}[self.sync]
+
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", sync={self.sync}, sync_group={self.sync_group}"
+        group = "" if self.sync == "none" else \
+            ", process_group=given" if self.process_group is not None else \
+            f", sync_group={self.sync_group}"
+        return f"kind={self.kind}, " + super().extra_repr() + group
 
     def _ema_factor(self) -> float:
         """Counts this batch and returns its weight in the running statistics, as torch does
@@ -115,7 +139,11 @@ class RankBatchNorm(_BatchNorm):
             b[1:] = b[0]
 
     def group_size(self, world: int) -> int:
-        return 1 if self.sync == "none" else group_ranks(world, self.sync_group)
+        if self.sync == "none":
+            return 1
+        if self.process_group is not None:
+            return tdist.get_world_size(self.process_group)
+        return group_ranks(world, self.sync_group)
 
     def _forward_simulated(self, x: torch.Tensor) -> torch.Tensor:
         w, c = self.sim_world, self.num_features
@@ -124,6 +152,9 @@ class RankBatchNorm(_BatchNorm):
         if not self.track_running_stats:
             raise BnlabError("the simulation of ranks needs BN layers that track running "
                              "statistics (track_running_stats=True).")
+        if self.process_group is not None:
+            raise BnlabError("a layer given a process_group syncs across real processes; the "
+                             "simulation groups ranks by sync_group instead.")
         k = self.group_size(w)
         g, b, rest = w // k, x.shape[0] // w, x.shape[2:]
         rm, rv = self.sim_running_mean.view(w, c), self.sim_running_var.view(w, c)
@@ -173,7 +204,8 @@ class RankBatchNorm(_BatchNorm):
         if self.sync == "none" or not (tdist.is_initialized() and tdist.get_world_size() > 1):
             return super().forward(x)
         _check_dims(x)
-        group = sync_group(self.group_size(tdist.get_world_size()))
+        group = self.process_group if self.process_group is not None else \
+            sync_group(self.group_size(tdist.get_world_size()))
         if self.sync == "naive":
             return naive_sync_batch_norm(x, self, group)
         if syncbn_impl(self.impl, x.device) == "torch":
@@ -193,6 +225,10 @@ class FrozenBatchNorm(RankBatchNorm):
         self.freeze_after = freeze_after
         self.frozen = freeze_after == 0
         self.mode_asked = True  # the model's train/eval flag, which `revert` gives back
+
+    @property
+    def kind(self) -> str:
+        return "frozen_bn"
 
     def train(self, mode: bool = True):
         self.mode_asked = mode
@@ -227,8 +263,13 @@ class BatchRenorm(RankBatchNorm):
         self.r_max, self.d_max, self.hold_steps = r_max, d_max, hold_steps
         self.r_ramp_steps, self.d_ramp_steps = r_ramp_steps, d_ramp_steps
 
+    @property
+    def kind(self) -> str:
+        return "brn"
+
     def extra_repr(self) -> str:
-        return (_BatchNorm.extra_repr(self) + f", r_max={self.r_max}, d_max={self.d_max}, "
+        return ("kind=brn, " + _BatchNorm.extra_repr(self) + f", r_max={self.r_max}, "
+                f"d_max={self.d_max}, "
                 f"hold_steps={self.hold_steps}, r_ramp_steps={self.r_ramp_steps}, "
                 f"d_ramp_steps={self.d_ramp_steps}")
 

@@ -89,9 +89,9 @@ def _bn(bn, name, eps=_KEEP, momentum=_KEEP):
     return _batch_stat_layer(RankBatchNorm, bn, eps, momentum, sync="none")
 
 
-def _syncbn(bn, name, eps=_KEEP, momentum=_KEEP, sync_group=0, impl="auto"):
+def _syncbn(bn, name, eps=_KEEP, momentum=_KEEP, sync_group=0, impl="auto", process_group=None):
     return _batch_stat_layer(RankBatchNorm, bn, eps, momentum, sync="exact",
-                             sync_group=sync_group, impl=impl)
+                             sync_group=sync_group, impl=impl, process_group=process_group)
 
 
 def _syncbn_naive(bn, name, eps=_KEEP, momentum=_KEEP, sync_group=0):
@@ -258,7 +258,9 @@ def _swap(model: nn.Module, pick: Callable[[nn.Module, str], nn.Module | None]) 
 def convert(model: nn.Module, kind: str, *, skip: Iterable[str] = (), **opts) -> nn.Module:
     """Replace every BatchNorm of `model` (in place) by `kind`, keeping each layer's state.
 
-    `opts` are the kind's options (`sync_group`, `groups`, `cap_groups`, `freeze_after`);
+    `opts` are the kind's options (`sync_group`, or for syncbn a torch `process_group` of any
+    ranks, as torch's `convert_sync_batchnorm` takes; `groups`, `cap_groups`, `freeze_after`;
+    brn's `r_max`, `d_max` and ramp);
     `eps` or `momentum`, when given, replace the layers' own. `skip` names layers to leave as
     they are. InstanceNorm and other norms are left alone. Returns the model (a new module
     only when `model` is itself a BatchNorm layer).

@@ -325,3 +325,23 @@ def test_ddp_gets_its_buffer_sync_under_the_name_this_torch_gives_it(monkeypatch
         got.clear()
         compat.ddp(nn.Linear(2, 2), None, False)
         assert got == {"device_ids": None, name: False}
+
+
+def test_each_layer_names_its_kind_and_a_syncbn_state_dict_loads_into_the_plain_model():
+    torch.manual_seed(0)
+    plain = torchvision.models.resnet18(num_classes=10)
+    for kind in ("bn", "syncbn", "syncbn_naive", "frozen_bn", "brn"):
+        layer = bnlab.convert(copy.deepcopy(plain), kind).bn1
+        assert layer.kind == kind and repr(layer).split("(", 2)[1].startswith(f"kind={kind},")
+    synced = _trained(bnlab.convert(copy.deepcopy(plain), "syncbn"))
+    fresh = torchvision.models.resnet18(num_classes=10)
+    fresh.load_state_dict(synced.state_dict())  # strict: the same keys and shapes
+    assert torch.equal(fresh.bn1.running_var, synced.bn1.running_var)
+
+
+def test_a_process_group_is_for_syncbn_alone_in_place_of_sync_group():
+    with pytest.raises(BnlabError, match="process_group is for syncbn alone"):
+        bnlab.convert(nn.Sequential(nn.BatchNorm2d(4)), "syncbn", sync_group=2,
+                      process_group=object())
+    with pytest.raises(BnlabError, match="does not take"):
+        bnlab.convert(nn.Sequential(nn.BatchNorm2d(4)), "bn", process_group=object())

@@ -60,6 +60,25 @@ def _sync_body(env, sizes, sync, group, momentum, dtype=None):
     return _np(out)
 
 
+def _process_group_body(env, sizes):
+    """syncbn through `convert(..., process_group=)`: ranks {0, 2} and {1, 3} share statistics
+    (groups of ranks that are not consecutive, as torch's convert_sync_batchnorm takes)."""
+    import torch.distributed as tdist
+
+    import bnlab
+
+    groups = [tdist.new_group([0, 2]), tdist.new_group([1, 3])]  # every rank makes both
+    bn = bnlab.convert(nn.Sequential(nn.BatchNorm2d(C)), "syncbn",
+                       process_group=groups[env.rank % 2])[0]
+    _affine(bn)
+    x, gy = _global_batch(sizes)
+    x = _chunk(x, sizes, env.rank).clone().requires_grad_(True)
+    y = bn(x)
+    (y * _chunk(gy, sizes, env.rank)).sum().backward()
+    return _np({"y": y, "dx": x.grad, "rv": bn.running_var, "rm": bn.running_mean,
+                "size": torch.tensor([float(bn.group_size(env.world))])})
+
+
 def _ranks_worker(jobs: dict) -> dict:
     """Every job (name -> body and its arguments) on this rank of one gloo process group:
     one launch of W processes serves every test at W ranks (each launch costs seconds)."""
@@ -80,6 +99,7 @@ def _jobs(world: int) -> dict:
         jobs.update({f"layout {k}": (_layout_body, ([3, 5], k)) for k in TOLERANCE})
     else:
         jobs["groups of 2"] = (_sync_body, ([2, 3, 1, 2], "exact", 2, 0.1))
+        jobs["process groups"] = (_process_group_body, ([2, 3, 1, 2],))
     return jobs
 
 
@@ -140,6 +160,27 @@ def test_sync_groups_share_statistics_within_groups_of_k_ranks(ranks):
             _close(res[r]["y"], _chunk(y, sizes[lo:hi], r - lo), f"output rank {r}")
             _close(res[r]["dx"], _chunk(x.grad, sizes[lo:hi], r - lo), f"input grad rank {r}")
             _close(res[r]["rv"], bn.running_var, f"running var rank {r}")
+
+
+def test_a_torch_process_group_of_any_ranks_shares_statistics_among_them(ranks):
+    sizes = [2, 3, 1, 2]
+    res = ranks(4)["process groups"]
+    x, gy = _global_batch(sizes)
+    for members in ((0, 2), (1, 3)):
+        xs = torch.cat([_chunk(x, sizes, r) for r in members]).requires_grad_(True)
+        bn = nn.BatchNorm2d(C)
+        _affine(bn)
+        y = bn(xs)
+        (y * torch.cat([_chunk(gy, sizes, r) for r in members])).sum().backward()
+        lo = 0
+        for r in members:
+            n = sizes[r]
+            _close(res[r]["y"], y[lo:lo + n], f"output rank {r}")
+            _close(res[r]["dx"], xs.grad[lo:lo + n], f"input grad rank {r}")
+            _close(res[r]["rm"], bn.running_mean, f"running mean rank {r}")
+            _close(res[r]["rv"], bn.running_var, f"running var rank {r}")
+            _close(res[r]["size"], [2.0], "the doctor's group size")
+            lo += n
 
 
 def test_statistics_stay_fp32_under_bf16_autocast(ranks):
