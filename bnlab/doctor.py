@@ -62,6 +62,25 @@ class Layer:
 # Loading a model
 
 
+def imported(spec: str, flag: str):
+    """`<module>:<name>` of `--flag`, imported from the current folder or the installed
+    packages; refused in one sentence where it cannot be."""
+    if ":" not in spec:
+        raise BnlabError(f"--{flag} {spec!r} is not <module>:<name>; write it as "
+                         f"mypkg.things:make.")
+    where, name = spec.split(":", 1)
+    sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(where)
+    except Exception as e:
+        raise BnlabError(f"--{flag} {spec!r}: importing {where!r} failed ({type(e).__name__}: "
+                         f"{e}); run from the folder that holds it or install it.") from None
+    found = getattr(module, name, None)
+    if found is None:
+        raise BnlabError(f"--{flag} {spec!r}: {where} has no {name!r}.")
+    return found
+
+
 def load_model(spec: str) -> tuple[nn.Module, str | None]:
     """The model named by `--model`, and its input shape where the spec knows it."""
     path = Path(spec)
@@ -88,15 +107,7 @@ def load_model(spec: str) -> tuple[nn.Module, str | None]:
             raise BnlabError(f"--model {spec!r}: bnlab has no model {name!r}; choose one of "
                              f"{sorted(MODELS)}.")
         return build_model(name), "3x32x32"
-    sys.path.insert(0, str(Path.cwd()))
-    try:
-        module = importlib.import_module(where)
-    except Exception as e:
-        raise BnlabError(f"--model {spec!r}: importing {where!r} failed ({type(e).__name__}: "
-                         f"{e}); run from the folder that holds it or install it.") from None
-    factory = getattr(module, name, None)
-    if factory is None:
-        raise BnlabError(f"--model {spec!r}: {where} has no {name!r}.")
+    factory = imported(spec, "model")
     try:
         model = factory if isinstance(factory, nn.Module) else factory()
     except Exception as e:

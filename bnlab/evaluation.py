@@ -173,22 +173,10 @@ def main(cfg: DictConfig) -> None:
 
 
 def _factory(spec: str, what: str) -> Callable:
-    """`pkg.mod:fn` imported from the current directory or the installed packages."""
-    import importlib
-
-    if ":" not in spec:
-        raise BnlabError(f"--{what} {spec!r} is not <module>:<function>; write it as "
-                         f"mypkg.data:make_loader.")
-    where, name = spec.split(":", 1)
-    sys.path.insert(0, str(Path.cwd()))
-    try:
-        module = importlib.import_module(where)
-    except Exception as e:
-        raise BnlabError(f"--{what} {spec!r}: importing {where!r} failed ({type(e).__name__}: "
-                         f"{e}); run from the folder that holds it or install it.") from None
-    fn = getattr(module, name, None)
+    """`--loader`'s function (bnlab.doctor.imported)."""
+    fn = doctor.imported(spec, what)
     if not callable(fn):
-        raise BnlabError(f"--{what} {spec!r}: {where} has no function {name!r}.")
+        raise BnlabError(f"--{what} {spec!r} is no function; give one that returns batches.")
     return fn
 
 

@@ -45,6 +45,18 @@ def written_out(x, w, b, mu, var, eps, r_max, d_max, f):
     return y, mu + f * (mb.detach() - mu), new_sigma.square() - eps
 
 
+def side_by_side(ours, ref, x: torch.Tensor, rtol: float, atol: float) -> None:
+    """`ours` and `ref` on copies of `x`, one upstream gradient: outputs and input gradients
+    close (parameter gradients are the caller's to compare)."""
+    xa, xb = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+    ya, yb = ours(xa), ref(xb)
+    g = torch.randn_like(ya)
+    ya.backward(g)
+    yb.backward(g)
+    torch.testing.assert_close(ya, yb, rtol=rtol, atol=atol)
+    torch.testing.assert_close(xa.grad, xb.grad, rtol=100 * rtol, atol=10 * atol)
+
+
 @pytest.mark.parametrize("momentum", [0.1, None])
 def test_brn_equals_its_formula_in_float64(momentum):
     m = layer(momentum=momentum, r_max=1.5, d_max=0.5, **RAMPED)
@@ -73,14 +85,8 @@ def test_brn_is_bn_when_r_max_is_1_and_d_max_0():
     m = layer(r_max=1.0, d_max=0.0, **RAMPED)
     bn = nn.BatchNorm2d(6, dtype=torch.float64)
     bn.load_state_dict(m.state_dict())
-    x = (torch.randn(4, 6, 5, 5, dtype=torch.float64) * 3 + 1).requires_grad_()
-    x2 = x.detach().clone().requires_grad_()
-    y, ref = m(x), bn(x2)
-    g = torch.randn_like(y)
-    y.backward(g)
-    ref.backward(g)
-    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-10, atol=1e-12)
+    x2 = torch.randn(4, 6, 5, 5, dtype=torch.float64) * 3 + 1
+    side_by_side(m, bn, x2, 1e-12, 1e-12)
     torch.testing.assert_close(m.weight.grad, bn.weight.grad, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(m.running_mean, bn.running_mean, rtol=1e-12, atol=1e-12)
     # the running variance follows the paper (an average of standard deviations), not BN's
@@ -144,14 +150,7 @@ def test_evonorm_equals_timms_layer_outputs_and_gradients():
     ref = timm_layers.EvoNorm2dS0(16, groups=4, eps=bn.eps)
     ref.load_state_dict(ours.state_dict())
     for shape in ((3, 16, 5, 5), (2, 16, 1, 1)):  # a 1x1 map too: resnet18's last stage at 32 px
-        x = (torch.randn(shape) * 2 + 0.5).requires_grad_()
-        x2 = x.detach().clone().requires_grad_()
-        y, want = ours(x), ref(x2)
-        g = torch.randn_like(y)
-        y.backward(g)
-        want.backward(g)
-        torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-5)
+        side_by_side(ours, ref, torch.randn(shape) * 2 + 0.5, 1e-5, 1e-6)
         for (n, p), q in zip(ours.named_parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
             p.grad, q.grad = None, None
