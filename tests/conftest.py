@@ -13,7 +13,53 @@ ROOT = Path(__file__).resolve().parent.parent
 # Tests sweep into temporary folders, from whatever tree they run in (a developer's is often
 # dirty); test_sweep.py checks the refusal with this unset.
 os.environ.setdefault("BNLAB_ALLOW_DIRTY", "1")
+# One torch thread in this process and in the ones the tests start (set before torch is
+# imported): the tests' models and batches are tiny, and on a 2-core machine shared with
+# anything else, two OpenMP threads per process wait on each other at every op (a
+# mobilenet_v3_small step took 4.5 s with two threads under load, 0.15 s with one). Runs
+# trained by tests take dist.threads=1 for the same reason (SMOKE, dist.init(..., 1)).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Bytecode: the tests start dozens of Python processes (gloo ranks, torchrun, train.py, sweep
+# jobs), each importing torch and the rest again. Where PYTHONDONTWRITEBYTECODE is set (as on
+# this project's machines) and the venv holds no .pyc (uv sync compiles none), each of them
+# compiled a thousand modules from source: 5 s of CPU a process under load (10 s to import
+# torch, torchvision, hydra and bnlab instead of 5). The tests' processes keep their bytecode
+# outside the tree instead, in one folder under the temporary directory.
+if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
+    import tempfile
+
+    _prefix = str(Path(tempfile.gettempdir()) / "bnlab-test-pycache")
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = _prefix
+    sys.dont_write_bytecode = False
 CIFAR_MINI = Path(os.environ.get("BNLAB_TEST_DATA", ROOT.parent / "shared/data/cifar10-mini"))
+
+
+def _compose_once() -> None:
+    """hydra.compose, each (config folder, name, overrides) composed once per test session and
+    handed out as a copy. The committed sweeps' cells (well over a hundred) are composed by the
+    sweep tests, by `make report`'s rebuild and by the claims' tests, each a Hydra compose of
+    a fraction of a second; the result depends on nothing but the arguments and configs/,
+    which no test changes. Only what composed is kept: an override that fails is tried again
+    each time; interpolations (${oc.env:...}) are still resolved by each caller."""
+    import copy
+
+    import hydra
+    from hydra.core.global_hydra import GlobalHydra
+
+    real, done = hydra.compose, {}
+
+    def compose(config_name=None, overrides=None, return_hydra_config=False, strict=None):
+        path = str(GlobalHydra.instance().hydra.config_loader.config_search_path)
+        key = (path, config_name, tuple(overrides or ()), return_hydra_config, strict)
+        if key not in done:
+            done[key] = real(config_name, overrides, return_hydra_config, strict)
+        return copy.deepcopy(done[key])
+
+    hydra.compose = compose
+
+
+_compose_once()
 
 needs_cifar = pytest.mark.skipif(
     not (CIFAR_MINI / "cifar-10-batches-py").is_dir(),
@@ -23,7 +69,7 @@ needs_cifar = pytest.mark.skipif(
 # A few optimizer steps on real data: small enough for CI, real enough to exercise everything.
 SMOKE = ["model=resnet20", "data=cifar10", f"data.root={CIFAR_MINI}", "data.download=false",
          "data.train_limit=256", "data.val_limit=128", "epochs=1", "batch_per_gpu=8",
-         "eval_every=2", "log_every=2", "progress=false"]
+         "eval_every=2", "log_every=2", "progress=false", "dist.threads=1"]
 
 
 def run_entry(script: str, *args: str, cwd: Path, launcher: list[str] | None = None,

@@ -284,11 +284,11 @@ def test_sparse_evaluation_before_the_plateau_and_a_larger_image_size(tmp_path):
     from bnlab.lab.spec import compose
     from bnlab.net import build_net
 
-    cfg = compose(["model=resnet18", "data=synthetic", "data.num_train=32", "data.num_val=16",
+    cfg = compose(["model=resnet18", "data=synthetic", "data.num_train=16", "data.num_val=16",
                    "epochs=4", "batch_per_gpu=4", "eval_every=4", "eval_sparse_until=0.5",
                    "data.image_size=64", "progress=false", "checkpoint=false"])
     assert [trainer.dense(cfg, e) for e in range(4)] == [False, False, True, True]
-    trainer.run(cfg, tmp_path, dist.init("cpu", "auto", 60, 0))
+    trainer.run(cfg, tmp_path, dist.init("cpu", "auto", 60, 1))
     evals = [r["epoch"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "val/acc" in r]
     assert evals == [1, 2, 2.25, 2.5, 2.75, 3, 3.25, 3.5, 3.75, 4]
     counts = bn_value_counts(build_net(cfg), 4, (3, 64, 64))

@@ -55,7 +55,7 @@ def test_eval_estimator_with_pooling_does_not_depend_on_the_batch(tmp_path):
     cfg = json.loads(json.dumps(cell.cfg))
     cfg["data"].update(root=str(CIFAR_MINI), download=False, val_limit=64, train_limit=64)
     cfg.update(epochs=1, eval_every=1, progress=False, checkpoint=True)
-    trainer.run(cfg, tmp_path, dist.init("cpu", "auto", 60, 0))
+    trainer.run(cfg, tmp_path, dist.init("cpu", "auto", 60, 1))
     run = load_trained(tmp_path)
     a = precisebn.recalibrated(run, precisebn.Setting("eval", "pooled", 32, 8))
     b = precisebn.recalibrated(run, precisebn.Setting("eval", "pooled", 32, 32))

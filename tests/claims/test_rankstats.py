@@ -40,7 +40,7 @@ def test_checkpoint_keeps_rank_0_in_the_model_state_and_every_rank_beside_it(tmp
     cfg = json.loads(json.dumps(cell.cfg))
     cfg["data"].update(root=str(CIFAR_MINI), download=False, val_limit=32, train_limit=32)
     cfg.update(epochs=1, eval_every=1, progress=False, checkpoint=True)
-    trainer.run(cfg, tmp_path, dist.init("cpu", "auto", 60, 0))
+    trainer.run(cfg, tmp_path, dist.init("cpu", "auto", 60, 1))
     got = rankstats.checkpoint_stats(tmp_path)
     assert len(got["layers"]) == len(got["div_mean"]) == len(got["div_logvar"]) == 20
     assert got["state_vs_rank"]["rank 0"] == 0.0

@@ -52,7 +52,7 @@ def test_naive_variance_is_never_above_the_union_and_skew_lowers_it(tmp_path):
     cfg = json.loads(json.dumps(cell.cfg))
     cfg["data"].update(root=str(CIFAR_MINI), download=False, val_limit=32, train_limit=64)
     cfg.update(epochs=1, eval_every=1, progress=False, checkpoint=True)
-    trainer.run(cfg, tmp_path, dist.init("cpu", "auto", 60, 0))
+    trainer.run(cfg, tmp_path, dist.init("cpu", "auto", 60, 1))
     got = sync.variance_bias(tmp_path, batches=8)
     plain, skewed = got["shuffled"], got["skewed"]
     assert len(plain["layers"]) == 20 and plain["batches"] == 8

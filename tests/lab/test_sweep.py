@@ -27,6 +27,16 @@ from bnlab.rundir import read_status, set_status
 from conftest import CIFAR_MINI, needs_cifar, run_entry, tiny_spec
 
 SPECS = sorted(EXPERIMENTS.glob("*/sweep.yaml"))
+_LOADED: dict = {}
+
+
+def committed_spec(path: Path):
+    """load_spec(path), once per module: composing every cell of every committed spec (well
+    over a hundred) is most of this module's time, in Hydra; the parametrization below and
+    the plan test read the same specs and change nothing in them."""
+    if path not in _LOADED:
+        _LOADED[path] = load_spec(path)
+    return _LOADED[path]
 
 
 def test_runs_are_keyed_by_the_resolved_config():
@@ -62,7 +72,7 @@ def test_a_cell_that_does_not_compose_fails_before_anything_runs(tmp_path):
 
 
 def test_plan_runs_every_cell_once_seed_major_and_expensive_cells_last():
-    specs = [load_spec(p) for p in SPECS]
+    specs = [committed_spec(p) for p in SPECS]
     steps = plan(specs, "tag")
     dirs = [d for _, _, d in steps]
     assert len(dirs) == len(set(dirs))
@@ -286,7 +296,7 @@ def unique_cells(real: bool) -> list[Cell]:
     smoke-run once."""
     seen, out = set(), []
     for p in SPECS:
-        for c in load_spec(p).cells:
+        for c in committed_spec(p).cells:
             shape = code_path(c.cfg)
             if shape not in seen and (c.cfg["dist"]["nproc_per_node"] > 1) == real:
                 seen.add(shape)
@@ -298,7 +308,7 @@ def unique_cells(real: bool) -> list[Cell]:
 @pytest.mark.parametrize("cell", unique_cells(real=False), ids=lambda c: c.key)
 def test_every_experiment_cell_trains_a_few_steps(cell, tmp_path):
     cfg = smoke_cfg(cell)
-    env = dist.init("cpu", "auto", 60, 0)
+    env = dist.init("cpu", "auto", 60, 1)
     res = trainer.run(cfg, tmp_path, env)
     assert read_status(tmp_path) == "completed"
     assert math.isfinite(res["val/acc"])
