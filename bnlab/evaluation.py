@@ -199,8 +199,9 @@ def _own_run(args: argparse.Namespace) -> tuple[nn.Module, list, Callable, int, 
     """A bnlab run's model, training images (unaugmented), val acc, per-rank batch and its
     ranks' running statistics (where the run kept them)."""
     run = load_trained(Path(args.model), args.data_root)
-    loader = TrainLoader(run.data, run.env.device, 128, 1, 0, 1, 0, augment=False)
-    steps = max(1, -(-args.num_samples // 128))
+    batch = 32  # PreciseBN's batch, as evaluate.py's default (configs/evaluate.yaml)
+    loader = TrainLoader(run.data, run.env.device, batch, 1, 0, 1, 0, augment=False)
+    steps = max(1, -(-args.num_samples // batch))
     return (run.model, list(loader.images(0, steps)), run.acc, run.cfg["batch_per_gpu"],
             run.state.get("rank_bn_stats") or None)
 

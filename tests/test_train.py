@@ -95,6 +95,19 @@ def test_evaluate_reproduces_the_last_validation(single_run, tmp_path):
     out = json.loads((single_run / "eval.json").read_text())["val_acc"]
     last = [row for row in read_jsonl(single_run / "metrics.jsonl") if "val/acc" in row][-1]
     assert out["eval mode, batch 256"] == pytest.approx(last["val/acc"], abs=1e-9)
+    # `python -m bnlab diagnose --model <run>` (bnlab.diagnose, as any user's model gets it):
+    # the same numbers with the running statistics, after PreciseBN and at the run's batch
+    report = tmp_path / "d.json"
+    r = subprocess.run([sys.executable, "-m", "bnlab", "diagnose", "--model", str(single_run),
+                        "--num-samples", "256", "--json", str(report)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    d = json.loads(report.read_text())
+    assert d["running"] == pytest.approx(out["eval mode, batch 256"], abs=1e-9)
+    for est in ("train", "eval"):
+        assert d["precise"][est] == pytest.approx(out[f"PreciseBN ({est} estimator)"], abs=1e-9)
+    assert d["train_batch"] == 8  # the run's batch_per_gpu
+    assert d["train_mode"] == pytest.approx(out["train mode, batch 8"], abs=1e-9)
 
 
 def test_refuses_to_write_into_a_finished_run(single_run, tmp_path):
