@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,8 +13,6 @@ import torchvision
 
 import bnlab
 from bnlab.errors import BnlabError
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def batches(n: int = 6, size: int = 16, seed: int = 0) -> list:
@@ -105,8 +100,11 @@ def test_bad_input_is_one_sentence():
         bnlab.diagnose(small_net(), batches(), train_batch=1)
 
 
-def test_the_command_prints_the_table_writes_json_and_exits_by_the_threshold(tmp_path):
-    (tmp_path / "mine.py").write_text(
+def test_the_command_prints_the_table_writes_json_and_exits_by_the_threshold(
+        tmp_path, monkeypatch, capsys):
+    from bnlab.__main__ import main
+
+    (tmp_path / "mine_cli.py").write_text(
         "import torch, torch.nn as nn\n"
         "def net():\n"
         "    torch.manual_seed(0)\n"
@@ -116,27 +114,26 @@ def test_the_command_prints_the_table_writes_json_and_exits_by_the_threshold(tmp
         "    g = torch.Generator().manual_seed(1)\n"
         "    return [(torch.randn(8, 3, 8, 8, generator=g) * 3 + 2,\n"
         "             torch.randint(0, 3, (8,), generator=g)) for _ in range(4)]\n")
-    sys.path.insert(0, str(tmp_path))
-    try:
-        import mine
-    finally:
-        sys.path.remove(str(tmp_path))
-    torch.save({"model": mine.net().state_dict()}, tmp_path / "ckpt.pt")
+    monkeypatch.chdir(tmp_path)  # the command imports <module>:<function> from here
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import mine_cli
+
+    torch.save({"model": mine_cli.net().state_dict()}, tmp_path / "ckpt.pt")
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "bnlab", "diagnose", "--model", "mine:net",
-                               "--loader", "mine:loader", *args], cwd=tmp_path, text=True,
-                              capture_output=True, env={"PYTHONPATH": str(ROOT),
-                                                        "PATH": "/usr/bin:/bin"})
+        code = main(["diagnose", "--model", "mine_cli:net", "--loader", "mine_cli:loader",
+                     *args])
+        out = capsys.readouterr()
+        return code, out.out, out.err
 
-    r = cli("--checkpoint", "ckpt.pt", "--batch-per-rank", "2", "--json", "out.json",
-            "--num-samples", "32", "--threshold", "100")
-    assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads((tmp_path / "out.json").read_text())
-    assert "| with the running statistics |" in r.stdout and out["verdict"] in r.stdout
-    assert out["cost"] == pytest.approx(out["precise"]["train"] - out["running"])
-    below = f"{out['cost'] - 1:g}"  # a threshold under the measured cost: exit 1, and the fix
-    r = cli("--checkpoint", "ckpt.pt", "--num-samples", "32", "--threshold", below)
-    assert r.returncode == 1 and "recalibrate" in r.stdout
-    r = cli("--checkpoint", "nothing.pt")
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "does not exist" in r.stderr
+    code, out, err = cli("--checkpoint", "ckpt.pt", "--batch-per-rank", "2", "--json",
+                         "out.json", "--num-samples", "32", "--threshold", "100")
+    assert code == 0, err
+    report = json.loads((tmp_path / "out.json").read_text())
+    assert "| with the running statistics |" in out and report["verdict"] in out
+    assert report["cost"] == pytest.approx(report["precise"]["train"] - report["running"])
+    below = f"{report['cost'] - 1:g}"  # a threshold under the measured cost: exit 1, the fix
+    code, out, _ = cli("--checkpoint", "ckpt.pt", "--num-samples", "32", "--threshold", below)
+    assert code == 1 and "recalibrate" in out
+    code, _, err = cli("--checkpoint", "nothing.pt")
+    assert code == 2 and err.count("\n") == 1 and "does not exist" in err
