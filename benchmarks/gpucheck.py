@@ -208,7 +208,8 @@ def step_syncbn(device: str) -> dict:
             f"{said}", "cases": cases, "tolerances": tol}
 
 
-STEPS = {"env": step_env, "sim": step_sim, "syncbn": step_syncbn}
+STEPS = {"env": step_env, "sim": step_sim, "syncbn": step_syncbn}  # run in a child each
+ORDER = ("env", "tests", "sim", "syncbn", "bench", "values")  # every step, as they run
 
 
 # -- the orchestrator ---------------------------------------------------------------------------
@@ -366,8 +367,8 @@ def main() -> int:
     p.add_argument("--data", type=Path, help="folder holding cifar-10-batches-py")
     p.add_argument("--minutes", type=float, default=8.0,
                    help="the whole check's time; the values sweep gets what is left (default 8)")
-    p.add_argument("--only", default="env,tests,sim,syncbn,bench,values",
-                   help="comma-separated steps (default all)")
+    p.add_argument("--only", default=",".join(ORDER),
+                   help=f"comma-separated steps (default all: {', '.join(ORDER)})")
     p.add_argument("--runs-per-gpu", type=int,
                    help="the values sweep's K (default: the bench's fastest)")
     p.add_argument("--runs", type=Path, default=RUNS_CUDA,
@@ -383,10 +384,10 @@ def main() -> int:
     if a.out is None:
         p.error("--out DIR is required")
     only = [s.strip() for s in a.only.split(",") if s.strip()]
-    unknown = set(only) - {"env", "tests", "sim", "syncbn", "bench", "values"}
+    unknown = set(only) - set(ORDER)
     if unknown:
         print(f"gpucheck: error: unknown step(s) {', '.join(sorted(unknown))}; choose from "
-              "env, tests, sim, syncbn, bench, values.", file=sys.stderr)
+              f"{', '.join(ORDER)}.", file=sys.stderr)
         return 2
     if a.data and not (a.data / "cifar-10-batches-py").is_dir():
         print(f"gpucheck: error: no cifar-10-batches-py in {a.data}; give the folder that "

@@ -37,6 +37,13 @@ def load(path: Path, map_location="cpu") -> dict:
         ) from None
 
 
+def model_state(state: dict) -> dict:
+    """A saved model's state dict as the bare model takes it: without DDP's `module.` prefix
+    and without the simulated ranks' extra buffers (`sim_running_mean`, ...)."""
+    return {k.removeprefix("module."): v for k, v in state.items()
+            if ".sim_" not in k and not k.startswith("sim_")}
+
+
 def require(run_dir: Path, target: str) -> None:
     """A table measured on a run's checkpoint needs it on this machine; committed runs keep
     only their records."""

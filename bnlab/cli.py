@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from bnlab.errors import BnlabError
 
@@ -22,3 +24,22 @@ def run_cli(body: Callable[[], int | None]) -> int:
     except BnlabError as e:
         print(f"bnlab: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def imported(spec: str, flag: str):
+    """`<module>:<name>` of `--flag` (the doctor's --model, diagnose's --loader), imported from
+    the current folder or the installed packages; refused in one sentence where it cannot be."""
+    if ":" not in spec:
+        raise BnlabError(f"--{flag} {spec!r} is not <module>:<name>; write it as "
+                         f"mypkg.things:make.")
+    where, name = spec.split(":", 1)
+    sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(where)
+    except Exception as e:
+        raise BnlabError(f"--{flag} {spec!r}: importing {where!r} failed ({type(e).__name__}: "
+                         f"{e}); run from the folder that holds it or install it.") from None
+    found = getattr(module, name, None)
+    if found is None:
+        raise BnlabError(f"--{flag} {spec!r}: {where} has no {name!r}.")
+    return found

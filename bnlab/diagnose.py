@@ -37,7 +37,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
 from bnlab import doctor
-from bnlab.diagnostics import ghost_batch_norm
+from bnlab.diagnostics import divergence, ghost_batch_norm
 from bnlab.errors import BnlabError
 from bnlab.precise_bn import ESTIMATORS, precise_bn
 
@@ -215,13 +215,9 @@ def rank_spread(model: nn.Module, ranks: list[dict] | None = None
             ranks.append(per)
     if len(ranks) < 2:
         return len(ranks), {}
-    out = {}
-    for name, (m0, v0) in ranks[0].items():
-        m0, v0 = m0.double(), v0.double()
-        out[name] = max(max(((r[name][0].double() - m0).abs() / (v0 + EPS).sqrt()).max().item(),
-                            ((r[name][1].double() + EPS).log() - (v0 + EPS).log()).abs().max()
-                            .item()) for r in ranks[1:])
-    return len(ranks), out
+    div = divergence(ranks)  # the trainer's own measures (bn/div_mean, bn/div_logvar)
+    return len(ranks), {name: max(div[f"bn/div_mean/{name}"], div[f"bn/div_logvar/{name}"])
+                        for name in ranks[0]}
 
 
 def risk(model: nn.Module, batch, input_fn: Callable, train_batch: int) -> dict:
@@ -275,7 +271,7 @@ def diagnose(model: nn.Module, batches: Iterable, *, evaluate: Callable | None =
     evaluate = evaluate or accuracy(data, input_fn, target_fn)
     devices = [next(bare.parameters()).device] if next(bare.parameters()).is_cuda else []
     with torch.random.fork_rng(devices=devices):
-        running = _measure(bare, evaluate)
+        running = _measure(copy.deepcopy(bare), evaluate)
         precise, population, samples = {}, None, 0
         for est in ESTIMATORS:
             m = copy.deepcopy(bare)
@@ -297,8 +293,8 @@ def diagnose(model: nn.Module, batches: Iterable, *, evaluate: Callable | None =
 
 
 def _measure(model: nn.Module, evaluate: Callable) -> float:
-    m = copy.deepcopy(model).eval()
-    value = float(evaluate(m))
+    """The metric of `model`, a copy of the caller's, in eval mode."""
+    value = float(evaluate(model.eval()))
     if not math.isfinite(value):
         raise BnlabError(f"the metric gave {value}; evaluate(model) must return a number.")
     return value

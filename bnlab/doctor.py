@@ -22,7 +22,6 @@ bad input.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import sys
@@ -35,6 +34,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
 from bnlab.batchnorm import restore_modes, save_modes
+from bnlab.cli import imported
 from bnlab.errors import BnlabError
 from bnlab.norms import EvoNormS0
 from bnlab.syncbn import group_ranks
@@ -60,25 +60,6 @@ class Layer:
 
 # ----------------------------------------------------------------------------------------
 # Loading a model
-
-
-def imported(spec: str, flag: str):
-    """`<module>:<name>` of `--flag`, imported from the current folder or the installed
-    packages; refused in one sentence where it cannot be."""
-    if ":" not in spec:
-        raise BnlabError(f"--{flag} {spec!r} is not <module>:<name>; write it as "
-                         f"mypkg.things:make.")
-    where, name = spec.split(":", 1)
-    sys.path.insert(0, str(Path.cwd()))
-    try:
-        module = importlib.import_module(where)
-    except Exception as e:
-        raise BnlabError(f"--{flag} {spec!r}: importing {where!r} failed ({type(e).__name__}: "
-                         f"{e}); run from the folder that holds it or install it.") from None
-    found = getattr(module, name, None)
-    if found is None:
-        raise BnlabError(f"--{flag} {spec!r}: {where} has no {name!r}.")
-    return found
 
 
 def load_model(spec: str) -> tuple[nn.Module, str | None]:
@@ -130,8 +111,7 @@ def _from_checkpoint(path: Path) -> tuple[nn.Module, str | None]:
                          f"your own model pass --model <module>:<factory>.")
     cfg = yaml.safe_load(state["config"])
     model = build_net(cfg)
-    model.load_state_dict({k: v for k, v in state["model"].items() if not k.startswith("sim_")
-                           and ".sim_" not in k}, strict=False)
+    model.load_state_dict(checkpoint.model_state(state["model"]), strict=False)
     return model, "3x32x32"
 
 

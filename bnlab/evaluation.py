@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from bnlab import checkpoint, dist, doctor
 from bnlab.batchnorm import RankBatchNorm
+from bnlab.cli import imported
 from bnlab.data import Dataset, Split, TrainLoader, build_dataset
 from bnlab.diagnose import THRESHOLD, Diagnosis, accuracy
 from bnlab.diagnose import diagnose as diagnose_model
@@ -173,8 +174,8 @@ def main(cfg: DictConfig) -> None:
 
 
 def _factory(spec: str, what: str) -> Callable:
-    """`--loader`'s function (bnlab.doctor.imported)."""
-    fn = doctor.imported(spec, what)
+    """`--loader`'s function (bnlab.cli.imported)."""
+    fn = imported(spec, what)
     if not callable(fn):
         raise BnlabError(f"--{what} {spec!r} is no function; give one that returns batches.")
     return fn
@@ -185,10 +186,8 @@ def load_weights(model: nn.Module, path: Path) -> None:
     state = checkpoint.load(path)
     if isinstance(state, dict):
         state = state.get("model", state.get("state_dict", state))
-    state = {k.removeprefix("module."): v for k, v in state.items()
-             if ".sim_" not in k and not k.startswith("sim_")}
     try:
-        model.load_state_dict(state)
+        model.load_state_dict(checkpoint.model_state(state))
     except RuntimeError as e:
         first = str(e).strip().splitlines()[0]
         raise BnlabError(f"--checkpoint {path} does not fit --model ({first}); give the "

@@ -31,9 +31,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from bnlab.lab import page, table
+from bnlab.lab.choose import score  # a candidate's mean held-out plateau accuracy
 from bnlab.lab.figures import nothing_yet, plt, save
 from bnlab.lab.results import CellResult, fmt
 from bnlab.lab.table import RunsData, Verdict
@@ -50,14 +49,6 @@ CHOICES = {
 
 def cells_of(d: RunsData, choice: str) -> list[CellResult]:
     return [c for c in d.cells if c.cell.meta.get("choice") == choice]
-
-
-def score(c: CellResult) -> float | None:
-    """The cell's plateau accuracy (mean over seeds), or None while it is no candidate."""
-    if len(c.runs) < c.expected or c.diverged:
-        return None
-    accs = c.jitter_values("plateau_acc")
-    return float(np.mean(accs)) if len(accs) == c.expected else None
 
 
 def choose(d: RunsData, choice: str) -> dict:
