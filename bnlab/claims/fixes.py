@@ -10,43 +10,12 @@ same runs as table-lr's cells at that rate), bn with PreciseBN after every epoch
 group count the pilot chose (at least 2 channels a group), and frozen BN after the warm start
 the pilot chose. Writes experiments/fixes/{table.md, fixes.png}.
 
-The rules, written before these runs (experiments/README.md names the commit), in their
-second version: a review found gaps in the first (below, at each rule), and they were changed
-before any run of the PreciseBN, gn or frozen BN cells. C6 and C9 are jitter contrasts: ruled
-only when the control (syncbn at this rate, every seed ended) is steady by table-lr's control
-check, else "untestable at this setting"; should table-lr find no steady rate, the gn and
-frozen BN cells are not run at all. Jitter is the plateau's von Neumann sd; separated means an
-exact one-sided permutation test over seeds at p <= SEPARATED. A rule waits until every seed
-of its cells has ended; a cell with fewer than MIN_SEEDS seeds left after divergence, or below
-LEARNED % on the plateau, makes it untestable. The PreciseBN cell's jitter is that of its
-evaluations just after each epoch end's recalibration (val/acc_precise, 10 on the plateau):
-its other evaluations come 63 steps or more after a recalibration, when the running
+The rules, their thresholds and their versions are data in experiments/fixes/rules.yaml; the
+control check is bnlab.lab.judge's. C6 and C9 are jitter contrasts, ruled only where the
+control (syncbn at this rate, every seed ended) is steady. The PreciseBN cell's jitter is that
+of its evaluations just after each epoch end's recalibration (val/acc_precise, 10 on the
+plateau): its other evaluations come 63 steps or more after a recalibration, when the running
 statistics' EMA has forgotten it, and its training is bn's.
-
-- C6 (frozen BN much steadier): bn at least FLOOR_RATIO x its churn floor (else there is no
-  jitter above the test set's noise to remove: untestable); bn's jitter separated above frozen
-  BN's and frozen BN's excess over its floor (sqrt(sd^2 - floor^2), mean over seeds) at most
-  half of bn's: reproduced; separated: partly; else not reproduced (indistinguishable). (First
-  version: half of bn's raw jitter, which at these rates lies under the floor itself, and no
-  check on bn.)
-- C8 (PreciseBN after each epoch improves val acc): in the PreciseBN cell, the val acc after
-  each recalibration minus the val acc of the same weights with the running statistics just
-  before it, at each epoch end of the plateau, averaged per seed; exact one-sided sign-flip
-  test over seeds: p <= SEPARATED and +1 point or more on average: reproduced; p <= SEPARATED:
-  partly; else not reproduced (indistinguishable); fewer than 5 seeds with a gain (the least
-  such a test can separate, p = 1/32): untestable. (First version: partly if up on average
-  and in most seeds, with no test against the seeds' spread. The decomposition of table-lr's
-  bn cells, a close measure shown beside it, had been seen at two rates before this change:
-  +0.78 and +0.04 points at 0.000390625, -0.75 to +1.08 at 0.0015625.)
-- C9 (GN the steadiest, close to SyncBN): ruled on bn, syncbn and gn once every seed of every
-  cell has ended (frozen BN joins the comparison where it kept MIN_SEEDS and learned; the
-  PreciseBN cell does not, its jitter being read from 10 epoch-end evaluations); steadiest =
-  gn's jitter not separated above any such cell's, separated below bn's, and on average at
-  most STEADIEST x the lowest of theirs; close = mean val acc over the last epoch's
-  evaluations within 5 points of syncbn's, either way (the claim allows gn to converge
-  slower: first version, the plateau's mean, which counts that against it); both:
-  reproduced, one: partly, neither: not reproduced. The pilot's gn and frozen BN runs (at
-  0.00625, on the held-out split) had been seen before either version.
 """
 
 from __future__ import annotations
@@ -56,12 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bnlab.claims import lr as lrtable
 from bnlab.jitter import on_plateau
-from bnlab.lab import page, table
+from bnlab.lab import judge, page, rules, table
 from bnlab.lab.analysis import (
-    NO_LEARNING,
-    SEPARATED,
     Stat,
     finite,
     mean_interval,
@@ -71,18 +37,23 @@ from bnlab.lab.analysis import (
 )
 from bnlab.lab.figures import band, legend, plt, precise_points, save
 from bnlab.lab.results import CellResult, Run, fmt, gains
-from bnlab.lab.table import RunsData, Verdict
+from bnlab.lab.table import Finding, RunsData, Verdict
 
-MIN_SEEDS = 3
-STEADIEST = 1.1
-LEARNED = NO_LEARNING + 5
-FLOOR_RATIO = lrtable.FLOOR_RATIO
+RULES = rules.read("fixes")
+MIN_SEEDS = RULES["min_seeds"]
+STEADIEST = RULES["steadiest"]        # C9: gn at most this x the lowest other jitter
+LEARNED = RULES["learned"]
+FLOOR_RATIO = RULES["floor_ratio"]    # C6: bn at least this x its churn floor
+SEPARATED = RULES["separated"]
+EXCESS = RULES["excess_share"]        # C6: frozen BN's excess at most this share of bn's
+GAIN = RULES["gain_points"]           # C8: reproduced at this mean gain
+CLOSE = RULES["close_points"]         # C9: gn's last-epoch acc within this of syncbn's
 FIXES = ("bn", "syncbn", "precise", "gn", "frozen_bn")
 # C9 compares gn with these: PreciseBN's jitter is read from 10 epoch-end evaluations, not the
 # 100 the others have, and a von Neumann sd over one-epoch steps also holds the trend's drift
 C9_OTHERS = ("bn", "syncbn", "frozen_bn")
 KIND = {"precise": "recal"}  # which evaluations a cell's jitter reads (Run.jitter's kind)
-RUNS_TO_COME = lrtable.RUNS_TO_COME
+RUNS_TO_COME = "runs still to come"
 # Said in the verdicts: where this table's rate and its cells' settings came from
 MOVED = (" Setting: these cells run at the rate C1 is ruled at (a rate added to table-lr's "
          "spec after some of its runs were seen), not at the pilot's chosen rate that this "
@@ -130,13 +101,13 @@ def unusable(c: CellResult) -> str | None:
     return None
 
 
-def control(d: RunsData) -> lrtable.Control:
+def control(d: RunsData) -> judge.Control:
     """table-lr's control check, on this table's syncbn cell (the same runs), every seed
     ended."""
     sb = cell(d, "syncbn")
     if why := waiting(sb):
-        return lrtable.Control(None, why, RUNS_TO_COME)
-    return lrtable.control_check(sb, sb.cell.meta["lr"])
+        return judge.Control(None, why, RUNS_TO_COME)
+    return judge.control_check(RULES, sb, sb.cell.meta["lr"])
 
 
 def jitter_rule(d: RunsData, *fixes: str) -> tuple[str | None, str, str]:
@@ -171,7 +142,7 @@ def excess(c: CellResult) -> float | None:
 def c6(d: RunsData) -> Verdict:
     rule = (f"Rule (only where the control is steady): bn at least {FLOOR_RATIO:g}x its churn "
             f"floor, else untestable; bn's jitter separated above frozen BN's (p <= "
-            f"{SEPARATED}) and frozen BN's excess over its floor at most half of bn's: "
+            f"{SEPARATED}) and frozen BN's excess over its floor at most {EXCESS:g} of bn's: "
             "reproduced; separated: partly; else not reproduced (indistinguishable); a cell "
             f"below {LEARNED:g}% on the plateau or with fewer than {MIN_SEEDS} seeds left: "
             "untestable. (Changed before any frozen BN run, after review: the first version "
@@ -198,7 +169,7 @@ def c6(d: RunsData) -> Verdict:
     elif p > SEPARATED:
         v = "not reproduced"
     else:
-        v = "reproduced" if xb is not None and xa is not None and xb <= xa / 2 else "partly"
+        v = "reproduced" if xb is not None and xa is not None and xb <= xa * EXCESS else "partly"
     glance = (f"jitter frozen BN {mean(b):.2f} vs bn {mean(a):.2f} pts (p = {fmt(p, 3)}); "
               f"plateau acc {mean(vals(fr, 'plateau_acc')):.1f}% vs "
               f"{mean(vals(bn, 'plateau_acc')):.1f}%" +
@@ -225,7 +196,7 @@ def before(run: Run, epoch: float) -> float | None:
 
 def c8(d: RunsData) -> Verdict:
     rule = (f"Rule (paired on each seed's own weights, every seed ended): exact one-sided "
-            f"sign-flip test over seeds p <= {SEPARATED} and +1 point or more on average: "
+            f"sign-flip test over seeds p <= {SEPARATED} and +{GAIN:g} point or more on average: "
             f"reproduced; p <= {SEPARATED}: partly; else not reproduced (indistinguishable); "
             f"fewer seeds with a gain than such a test can separate (5, p = 1/32): "
             "untestable. (Changed before any "
@@ -255,7 +226,7 @@ def c8(d: RunsData) -> Verdict:
             + ("; weak: the exact one-sided sign-flip test separates the gain from 0, the "
                "two-sided t interval (which assumes normal gains) does not" if weak else "")
             + (f"; {side}" if side else ""))
-    v = "not reproduced" if p > SEPARATED else "reproduced" if s.mean >= 1 else "partly"
+    v = "not reproduced" if p > SEPARATED else "reproduced" if s.mean >= GAIN else "partly"
     glance = (f"{s.mean:+.2f} pts (95% CI {fmt(lo, 2)} to {fmt(hi, 2)}) after each "
               f"recalibration, up in {up} of {len(g)} seeds (p = {fmt(p, 3)})")
     return Verdict("C8", "make table-fixes", "PreciseBN improves val acc", ours, v, rule, glance)
@@ -277,9 +248,9 @@ def c9(d: RunsData) -> Verdict:
             f"where it kept {MIN_SEEDS} seeds and learned; every seed ended): steadiest = "
             f"gn's jitter not separated above any such cell's, separated below bn's (p <= "
             f"{SEPARATED}) and on average at most {STEADIEST}x the lowest of theirs; close = "
-            "mean val acc over the last epoch's evaluations within 5 points of syncbn's, either "
-            f"way; both: reproduced, one: partly; a cell below {LEARNED:g}% on the plateau or "
-            f"with fewer than {MIN_SEEDS} seeds left: untestable. (Changed before any gn run, "
+            f"mean val acc over the last epoch's evaluations within {CLOSE:g} points of syncbn's, "
+            f"either way; both: reproduced, one: partly; a cell below {LEARNED:g}% on the plateau "
+            f"or with fewer than {MIN_SEEDS} seeds left: untestable. (Changed before any gn run, "
             "after review: the first version needed every fix's cell, compared with cells "
             "that did not learn and with PreciseBN's sparser evaluations, and judged close on "
             "the plateau's mean, which counts the slower convergence the claim allows against "
@@ -305,7 +276,7 @@ def c9(d: RunsData) -> Verdict:
     steadiest = all(p > SEPARATED for p in above.values()) and below_bn <= SEPARATED and \
         mean(vals(gn)) <= STEADIEST * lowest
     gap = end_acc(others["syncbn"]) - end_acc(gn)
-    close = abs(gap) <= 5
+    close = abs(gap) <= CLOSE
     ours = (f"von Neumann sd {gn.cell.label} {gn.jstat('vn_sd').fmt(2)}; lowest of "
             f"{', '.join(others)} {lowest:.2f} ({low.cell.label}): gn / {low.cell.label} "
             f"{mean(vals(gn)) / max(lowest, 1e-9):.2f}x (95% interval {fmt(lo, 2)} to "
@@ -345,8 +316,8 @@ def render(d: RunsData) -> str:
         "Plateau: the second half of training; mean ± sd over seeds. The PreciseBN cell's "
         "columns read its evaluations just after each epoch end's recalibration (10 on the "
         "plateau; they keep no predictions, so no churn floor): its other evaluations come "
-        "after the running statistics' EMA has forgotten the recalibration. The rules are in "
-        "bnlab/claims/fixes.py, written before these runs.", ""]))
+        "after the running statistics' EMA has forgotten the recalibration. The rules: below.",
+        "", *rules.history(RULES)]))
 
 
 def label_note(c: CellResult) -> str:
@@ -383,22 +354,25 @@ def plot(d: RunsData, path: Path) -> None:
          empty=not any(c.runs for c in d.cells))
 
 
-def finding(d: RunsData) -> str:
-    """The fixes side by side in a line for the README's first screen, the most accurate first:
-    what a practitioner choosing one reads (the verdicts say what the claims said of them)."""
-    cells = [c for c in d.cells if vals(c, "plateau_acc")]
-    if not cells:
-        return "The fixes at 4 x 2: runs still to come"
-    cells.sort(key=lambda c: -mean(vals(c, "plateau_acc")))
-    lr = d.cells[0].cell.meta.get("lr")
-    return (f"The fixes at 4 x 2{f', lr {lr:g}' if lr else ''} (plateau acc, jitter): "
-            + "; ".join(
-        f"{c.cell.label} {mean(vals(c, 'plateau_acc')):.1f}%, {fmt(mean(vals(c)), 2)} pts"
-        + (" over its 10 evaluations just after each recalibration (the others' over 100: "
-           "not comparable)" if c.cell.meta.get("fix") in KIND else "")
-        + ("" if len(c.runs) >= c.expected else f" ({len(c.runs)} of {c.expected} seeds)")
-        for c in cells))
+def finding(d: RunsData) -> list[Finding]:
+    """What to use at 4 x 2, in a sentence: syncbn's plateau accuracy over bn's, paired on the
+    seed, then what C6, C9 and C8 found of frozen BN, gn and PreciseBN."""
+    bn, sb = cell(d, "bn"), cell(d, "syncbn")
+    if waiting(bn, sb) or not vals(bn, "plateau_acc"):
+        return [Finding("The fixes at 4 x 2: their runs are still to come.", "fixes", rank=2)]
+    p = judge.paired(bn, sb)
+    v6, v8, v9 = (v.verdict for v in verdicts(d))
+    pb = cell(d, "precise")
+    c8 = [x for x in (recalibration_gain(r, pb.epochs) for r in pb.runs)
+          if x is not None] if v8 != "not run yet" else []
+    lo, hi = mean_interval(c8)
+    return [Finding(
+        f"SyncBN is the fix: at 4 x 2 it beats BN's plateau accuracy by {p['gap']:.1f} points "
+        f"(95% CI {fmt(p['lo'])} to {fmt(p['hi'])})"
+        + (f"; PreciseBN adds {np.mean(c8):+.2f} ({fmt(lo, 2)} to {fmt(hi, 2)})" if c8 else "")
+        + ("; frozen BN and GroupNorm are no steadier" if v6 == v9 == "not reproduced" else
+           f"; frozen BN: C6 {v6}; GroupNorm: C9 {v9}") + ".", "fixes", rules.mark(RULES), rank=2)]
 
 
 TABLE = table.Table("fixes", ("C6", "C8", "C9"), table.runs_data, render, verdicts, plot,
-                    block="settled", finding=finding)
+                    block="settled", finding=finding, rules="fixes")

@@ -10,41 +10,29 @@ the rules below; the headline's tables (experiments/lr, fixes, values) use what 
 (tests/claims/test_pilot.py checks that they do). Writes experiments/pilot/{table.md,
 pilot.png}.
 
-The rules, written before the pilot's runs (experiments/README.md names the commit). Each
-cell's score is its *plateau accuracy*: the mean val acc over the plateau's evaluations (the
-second half of training, bnlab/jitter.py), averaged over the cell's seeds. A candidate counts
-only once every seed has finished and none diverged.
-
-- Learning rate (`choice: lr`; syncbn): the rate of the best score; a smaller rate whose
-  score is within TIE points of the best is preferred (the smallest such rate).
-- gn's group count (`choice: groups`; gn with at least 2 channels per group in every layer,
-  at the chosen rate): the best score; within TIE points, the most groups (the closest to
-  the claim's 32).
-- Frozen BN's freeze point (`choice: freeze`; epochs of ordinary BN before the layers
-  freeze, all before the plateau, at the chosen rate): the best score; within TIE points, the
-  earliest (the longest frozen: the strongest form of the diagnosis).
-
-A choice is made once every candidate of its kind has all its seeds; until then it says so.
+The rules, written before the pilot's runs, are data in experiments/pilot/rules.yaml: each
+cell's score is its held-out plateau accuracy (bnlab.lab.choose.score); per choice, the best
+score wins, and among candidates within `tie_points` of it the rule prefers the smallest rate,
+the most groups (the closest to the claim's 32), the earliest freeze point. A choice is made
+once every candidate of its kind has all its seeds; until then it says so.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bnlab.lab import page, table
+from bnlab.lab import page, rules, table
 from bnlab.lab.choose import score  # a candidate's mean held-out plateau accuracy
 from bnlab.lab.figures import nothing_yet, plt, save
 from bnlab.lab.results import CellResult, fmt
 from bnlab.lab.table import RunsData, Verdict
 
-TIE = 1.0  # points of plateau accuracy within which candidates count as tied
+RULES = rules.read("pilot")
+TIE = RULES["tie_points"]  # points of plateau accuracy within which candidates count as tied
 # Per choice: the spec key it varies, how a tie is broken (the preferred value among the tied),
 # and how it reads in the table.
-CHOICES = {
-    "lr": ("lr", min, "learning rate (syncbn)"),
-    "groups": ("groups", max, "gn's groups (at the chosen rate)"),
-    "freeze": ("freeze_after", min, "frozen BN's freeze point, epochs (at the chosen rate)"),
-}
+CHOICES = {ch: (c["key"], {"min": min, "max": max}[c["prefer"]], c["label"])
+           for ch, c in RULES.raw["choices"].items()}
 
 
 def cells_of(d: RunsData, choice: str) -> list[CellResult]:
@@ -113,11 +101,12 @@ def render(d: RunsData) -> str:
         "(`data.holdout=1000`), never on the test split. Plateau accuracy: the mean val acc "
         "over the evaluations of the second half of training, averaged over the seeds.", "",
         *lines,
-        f"Rules (bnlab/claims/pilot.py, written before these runs): the best plateau accuracy "
-        f"wins; candidates within {TIE:g} point of it count as tied, and the tie goes to the "
-        "smaller learning rate, the most gn groups, the earliest freeze. A candidate that "
+        f"Rules (experiments/pilot/rules.yaml, written before these runs): the best plateau "
+        f"accuracy wins; candidates within {TIE:g} point of it count as tied, and the tie goes to "
+        "the smaller learning rate, the most gn groups, the earliest freeze. A candidate that "
         "diverged in any seed is out. Two seeds per candidate: a choice of protocol, not a "
-        "result; where candidates are tied the rule, not the data, picks.", ""]))
+        "result; where candidates are tied the rule, not the data, picks.", "",
+        *rules.history(RULES)]))
 
 
 def plot(d: RunsData, path: Path) -> None:

@@ -31,7 +31,6 @@ from bnlab.lab.readme import HEADLINE
 from bnlab.lab.results import Run, fmt
 from bnlab.lab.spec import spec_from
 from bnlab.lab.sweep import outcome, sweep
-from bnlab.lab.table import Verdict
 from bnlab.paths import CONFIGS
 
 NORMS = ("bn", "syncbn", "gn")
@@ -141,10 +140,8 @@ def found() -> list[str]:
     try:
         h = json.loads(HEADLINE.read_text())
         mark = " (sweeps still running)" if h["preliminary"] else ""
-        lines = [f"- {v['claim']} ({v['claimed']}): **{v['verdict']}"
-                 f"{Verdict(**v, command='', why='').mark(h['preliminary'])}**: {v['ours']}"
-                 for v in h["verdicts"] if v["claim"] == "C1"] + \
-            [f"- {f}" for f in h["findings"]]
+        lines = [f"{i}. {f['text']} (`make table-{f['table']}`)"
+                 for i, f in enumerate(h["findings"], 1)]
     except (OSError, ValueError, KeyError, TypeError):
         return []
     return lines + [f"\nFrom `make report` on the CIFAR-10 runs in experiments/runs{mark}; "

@@ -50,6 +50,23 @@ class Verdict:
             self.verdict != "not run yet" else ""
 
 
+@dataclass(frozen=True)
+class Finding:
+    """One thing a table found, for the README's first screen and the demo's last lines: one
+    plain sentence with its number and interval, the table it comes from, and a mark linking
+    the table's rules history where a rule behind it was written after its data were seen."""
+
+    text: str
+    table: str       # the table's name: experiments/<table>/table.md
+    mark: str = ""   # bnlab.lab.rules.mark: " [†](experiments/<table>/table.md#...)" or ""
+    rank: int = 9    # its place in the README's list: the answer users asked for first
+
+    def line(self) -> str:
+        """The README's form: the sentence, its table linked, its mark."""
+        return (f"{self.text} ([table-{self.table}](experiments/{self.table}/table.md))"
+                f"{self.mark}")
+
+
 def complete(*cells) -> bool:
     """Every seed the spec asks of each cell has ended (completed or diverged)."""
     return all(c is not None and len(c.runs) >= c.expected for c in cells)
@@ -88,7 +105,8 @@ class Table:
     target: str = ""     # default: table-<name>
     spec: Path | None = None  # the sweep it trains; default: experiments/<name>/sweep.yaml
     headline: str = ""   # a figure (experiments/<name>/...): its block also opens README.md
-    finding: Callable[[Any], str] | None = None  # its answer in a line, under the README's verdicts
+    finding: Callable[[Any], list[Finding]] | None = None  # the README's findings from it
+    rules: str = ""      # experiments/<rules>/rules.yaml: the mark on its verdicts
 
     @property
     def make(self) -> str:

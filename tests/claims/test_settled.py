@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from bnlab.claims import fixes, lr, values
+from bnlab.lab import judge
 from bnlab.lab.plan import Cell, Spec
 from bnlab.lab.results import CellResult
-from bnlab.lab.table import RunsData
+from bnlab.lab.table import Finding, RunsData
 from bnlab.rundir import set_status
 from conftest import fake_headline_run
 
@@ -59,8 +60,8 @@ def test_c1_is_ruled_where_the_control_is_steady_and_c3_follows_it(tmp_path):
                            ("bn", 0.1): 6.0})
     v = lr.c1(d)
     assert v.verdict == "reproduced" and "lr 0.0125" in v.ours and "95% interval" in v.ours
-    assert v.glance.startswith("at lr 0.0125 (control steady): jitter bn ") and \
-        len(v.glance) < 100
+    assert v.glance.startswith("jitter (von Neumann sd, not a swing) bn ") and \
+        v.glance.endswith("at lr 0.0125") and len(v.glance) <= 120
     assert lr.c3(d).verdict == "reproduced"
     # C4: the other rate's control is not steady, so no rate is left to survive at
     assert lr.c4(d).verdict == "untestable"
@@ -92,7 +93,7 @@ def test_c1_at_a_rate_added_later_says_what_the_first_rates_alone_give(tmp_path)
     assert v.why.endswith("on the spec's first rates alone (0.0125, 0.1) this rule gives: "
                           "untestable.")
     assert "Disclosed: lr 0.003125" in lr.c3(d).why
-    assert v.glance.endswith("[a rate added after others were seen; without it: untestable]")
+    assert "[" not in v.glance and "added" not in v.glance  # the README marks it, the page says
 
 
 def test_the_evaluation_cost_is_read_from_runs_that_trained_in_one_launch(tmp_path):
@@ -228,7 +229,7 @@ def test_the_crossover_prediction_is_checked_against_the_split(tmp_path):
     assert lines[0].startswith("- P1") and any(line.startswith("- Fit") for line in lines)
 
     lr.cell(d, "bn", 0.1).runs = []  # one rate left with both cells' seeds: nothing to judge
-    assert lr.finding(d).endswith("runs still to come")
+    assert lr.finding(d)[1].text.endswith("its runs are still to come.")
 
 
 def test_the_readme_line_on_why_bn_jitters_carries_each_part_s_outcome(tmp_path):
@@ -236,17 +237,21 @@ def test_the_readme_line_on_why_bn_jitters_carries_each_part_s_outcome(tmp_path)
     # independent): bn / syncbn 4x at the low rate, 1x at 0.1; syncbn's grows
     d = lr_data(tmp_path, {("syncbn", 0.003125): 0.5, ("bn", 0.003125): 1.0,
                            ("syncbn", 0.1): 1.0, ("bn", 0.1): 1.0})
-    line = lr.finding(d)
-    assert re.search(r"P1 \(>= 2x at the lowest\) agrees, P2 \(falls\) agrees, P3 \(syncbn's "
-                     r"grows\) agrees$", line), line
+    marks = lr.judged(d)[1]
+    assert (marks["P1"], marks["P2"], marks["P3"]) == ("agrees", "agrees", "agrees")
+    line = lr.finding(d)[1].text  # the README's sentence: P1's ratio with its interval
+    assert line.startswith("That extra jitter is the running statistics' sampling noise: at lr "
+                           "0.003125") and f"{marks['ratio'][0.003125]:.2f}x SyncBN's (95% CI " \
+        in line, line
     # bn no noisier than syncbn at the low rate, and syncbn's part shrinking: all three fail
     d = lr_data(tmp_path / "no", {("syncbn", 0.003125): 1.0, ("bn", 0.003125): 1.0,
                                   ("syncbn", 0.1): 0.5, ("bn", 0.1): 1.0})
-    line = lr.finding(d)
-    assert re.search(r"P1 \(>= 2x at the lowest\) disagrees, P2 \(falls\) disagrees, P3 "
-                     r"\(syncbn's grows\) disagrees$", line), line
-    lr.cell(d, "bn", 0.1).runs.pop()  # a seed still to come is said
-    assert lr.finding(d).endswith("(so far: bn at lr 0.1: 4/5 seeds)")
+    marks = lr.judged(d)[1]
+    assert (marks["P1"], marks["P2"], marks["P3"]) == ("disagrees", "disagrees", "disagrees")
+    assert lr.finding(d)[1].text.startswith("That extra jitter is not the running statistics'")
+    lr.cell(d, "bn", 0.1).runs.pop()  # a seed still to come is said on the page
+    assert any(ln.endswith("(so far: bn at lr 0.1: 4/5 seeds)") or "4/5" in ln
+               for ln in lr.predictions(d)) or "4/5" in lr.seeds_to_come(d, lr.rates(d))
 
 
 def test_a_rate_added_after_the_prediction_is_shown_beside_it_not_judged_by_it(tmp_path):
@@ -279,9 +284,8 @@ def test_c8_pairs_each_recalibration_with_the_running_statistics_just_before_it(
     # its jitter reads the evaluations just after each recalibration (10 on the plateau)
     pb = fixes.cell(d, "precise")
     assert len(fixes.vals(pb)) == 5 and runs[0].jitter(20, "recal")["n_evals"] == 10
-    line = fixes.finding(d)  # its accuracy read there too
-    assert "bn + PreciseBN 61." in line and \
-        line.endswith("after each recalibration (the others' over 100: not comparable)")
+    # no bn or syncbn cell: the README's finding on the fixes waits for them
+    assert fixes.finding(d)[0].text == "The fixes at 4 x 2: their runs are still to come."
 
 
 def test_c8_needs_the_seeds_to_separate_the_gain_from_zero(tmp_path):
@@ -329,10 +333,11 @@ def test_c6_and_c9_are_ruled_on_the_fixes_spec_s_cells_where_their_control_is_st
     assert c9.verdict in ("reproduced", "partly") and "against syncbn" in c9.glance
     assert re.search(r"\(\w+\): gn / \w+ [\d.]+x \(95% interval [\d.]+ to [\d.]+\)", c9.ours)
     assert all(v.final for v in fixes.verdicts(d))  # every cell has all its seeds
-    line = fixes.finding(d)  # the README's line: the cells, the most accurate first (these
-    accs = [float(x) for x in re.findall(r" (\d+\.\d)%", line)]  # fakes' PreciseBN cell has
-    assert len(accs) == 4 and accs == sorted(accs, reverse=True), line  # no recalibrations)
-    assert line.startswith("The fixes at 4 x 2, lr 0.0015625") and "seeds)" not in line
+    f = fixes.finding(d)[0]  # the README's sentence: syncbn over bn, paired on the seed
+    gap = judge.paired(fixes.cell(d, "bn"), fixes.cell(d, "syncbn"))
+    assert f.text.startswith(f"SyncBN is the fix: at 4 x 2 it beats BN's plateau accuracy by "
+                             f"{gap['gap']:.1f} points (95% CI ") and f.table == "fixes"
+    assert f"C6 {c6.verdict}" in f.text and f.mark.startswith(" [†](experiments/fixes/")
     d.cells[-1].runs.pop()  # a seed of the last cell still to come: none is final
     assert not any(v.final for v in fixes.verdicts(d))
     d = fixes_data(tmp_path / "unsteady", {"syncbn": 6.0})
@@ -406,10 +411,14 @@ def test_the_readme_s_first_screen_shows_each_verdict_in_a_few_words(tmp_path):
     vs = fixes.verdicts(d)
     readme = tmp_path / "README.md"
     readme.write_text("<!-- headline:begin -->\n<!-- headline:end -->\n")
-    write_headline(readme, [], vs, "", ["**Where BN breaks: values govern** (`make x`)"])
+    write_headline(readme, [], vs, "", (Finding("BN breaks: values govern.", "values"),),
+                   {"C6": " [†](x)"})
     text = readme.read_text()
     assert all(v.glance and v.glance in text for v in vs)
-    assert "\n- **Where BN breaks: values govern** (`make x`)\n" in text  # under the table
+    assert "\n1. BN breaks: values govern. ([table-values](experiments/values/table.md))\n" \
+        in text  # the findings first, numbered, each linked to its table
+    assert text.index("1. BN breaks") < text.index("| C6 |")
+    assert "| C6 | frozen BN much steadier |" in text and "** [†](x) |" in text  # the mark
     assert not any(v.ours in text for v in vs if v.ours != v.glance)  # the statistics: one deeper
 
 
@@ -484,9 +493,8 @@ def test_values_govern_when_cells_break_below_a_values_level_whatever_their_imag
     assert instead == "a values threshold above 4 and at most 8; no images threshold"
     text = values.render(d)
     assert "**What governs the collapse: values govern**" in text and "| breaks |" in text
-    line = values.finding(d)  # the README's first screen
-    assert line == ("Where BN breaks: values govern (a values threshold above 4 and at most "
-                    "8; no images threshold); the doctor's thresholds: not supported")
+    f = values.finding(d)[0]  # the README's first screen: which images per rank broke
+    assert f.text.startswith("BN breaks at ") and f.table == "values" and f.rank == 1
 
 
 def test_samples_govern_when_the_images_per_rank_decide_and_the_values_do_not(tmp_path):
@@ -534,11 +542,9 @@ def test_where_no_count_rule_fits_the_table_says_how_close_the_doctor_s_comes(tm
                           "values per channel")
     assert f"What a count rule can do here (a reading added after every batch-8 run was in; " \
            f"it changes no verdict above): {rules}." in values.render(d)
-    assert values.finding(d) == (
-        "Where BN breaks: neither alone; the doctor's thresholds: not supported; read after the "
-        "batch-8 runs: below 8 images per rank, BN broke in 6 of the 7 cells, at 2 to 256 "
-        "values per channel; no rule 'below i images or below v values' separates the cells, "
-        "and the doctor's rule flags every one")
+    assert values.finding(d)[0].text.startswith(
+        "BN breaks at 1 or 2 images per rank on every input tried, at 4 on 2 of 3: at 4 x 2 "
+        "it loses ")
 
 
 def test_the_cell_that_forces_the_doctor_s_overflag_says_when_rule_v4_made_it_break(tmp_path):
@@ -552,17 +558,15 @@ def test_the_cell_that_forces_the_doctor_s_overflag_says_when_rule_v4_made_it_br
 def test_a_doctor_s_rule_that_misses_breaking_cells_is_not_called_the_closest(tmp_path,
                                                                                monkeypatch):
     d = values_data(tmp_path, COMMITTED)
-    monkeypatch.setattr(values, "flagged", lambda m: m["values"] < 16)  # values alone
+    monkeypatch.setattr(values.doctor, "flagged", lambda m: m["values"] < 16)  # values alone
     assert "The doctor's rule misses 2 of the 6 breaking cells and flags no holding cell." \
         in values.count_rules(d)
-    assert values.finding(d).endswith("separates the cells")
 
 
 def test_the_count_rule_reading_only_where_no_pair_of_thresholds_separates(tmp_path):
     d = values_data(tmp_path, {("resnet18 32 px", 2): 20.0, ("resnet18 64 px", 1): 9.0})
     assert values.governs(d)[0] == "both"
     assert values.count_rules(d) == "" and "What a count rule" not in values.render(d)
-    assert "read after the runs" not in values.finding(d)
 
 
 def test_the_fewest_holding_cells_a_count_rule_must_flag():
@@ -614,14 +618,14 @@ def test_rule_v5_tests_the_doctor_at_8_images_and_leaves_the_batch_8_verdicts_al
     assert batch_8_verdicts(d) == base  # another global batch: in no batch-8 verdict
     verdict, said = values.rule_v5(d)
     assert verdict == "supported"
-    assert said.startswith("resnet18 32 px, 8 values from 8 images: breaks (-5.0 pts vs 1x16), "
+    assert said.startswith("resnet18 32 px, 8 values from 8 images: breaks (gap +5.0 pts to 1x16), "
                            "flagged by the doctor; ")
     assert "resnet20, 512 values from 8 images: holds" in said
     assert "**The doctor's thresholds at 8 images per rank** (global batch 16: 2 x 8 against " \
         "1 x 16, rule v5): **supported**" in values.render(d)
-    assert values.finding(d).endswith(
-        "; at 8 images per rank (global batch 16, rule v5): BN broke on resnet18 32 px, held on "
-        "resnet18 64 px and resnet20; the doctor's thresholds there: supported")
+    assert values.finding(d)[1].text.startswith(
+        "At 8 images per rank BN held on resnet18 64 px and resnet20 and broke on resnet18 32 px "
+        "(5.0 points, 95% CI ") and ", as the doctor predicts" in values.finding(d)[1].text
 
 
 def test_rule_v5_names_the_cells_the_doctor_gets_wrong_and_waits_for_its_runs(tmp_path):
@@ -630,14 +634,13 @@ def test_rule_v5_names_the_cells_the_doctor_gets_wrong_and_waits_for_its_runs(tm
     wrong = ("not supported (resnet18 32 px, 8 values from 8 images: flagged, holds; resnet20, "
              "512 values from 8 images: passed, breaks)")
     assert values.rule_v5(d)[0] == wrong
-    assert f"the doctor's thresholds there: {wrong}" in values.finding(d)
+    assert f"the doctor's thresholds there: {wrong}" in values.finding(d)[1].text
     d = values_data(tmp_path / "w", COMMITTED,
                     big={"resnet18 32 px": 5.0, "resnet18 64 px": None, "resnet20": 0.0})
     verdict, said = values.rule_v5(d)
     assert verdict == "undecided (runs still to come)"
     assert said.startswith("resnet18 32 px, 8 values from 8 images: breaks")  # so far
-    assert values.finding(d).endswith(
-        "rule v5): runs still to come; so far BN broke on resnet18 32 px")
+    assert len(values.finding(d)) == 1  # no sentence on the block until its runs are in
     assert values.governs(d)[0] == "neither alone"  # the batch-8 verdicts do not wait for it
 
 
@@ -675,17 +678,17 @@ def test_the_figure_tells_the_blocks_and_their_references_apart(tmp_path):
     d = values_data(tmp_path, COMMITTED,
                     big={"resnet18 32 px": 5.0, "resnet18 64 px": 0.0, "resnet20": 0.0})
     ms = [m for _, m in values.measured(d)]
-    handles, labels = values.legend(ms, True)
+    handles, labels = values.figure.legend(ms, True)
     assert "8 images per rank (global batch 16)" in labels
     assert {"1 x 8 reference (gap 0)", "1 x 16 reference (gap 0)"} <= set(labels)
-    assert "1 x 16 reference (ratio 1)" in values.legend(ms, False)[1]
+    assert "1 x 16 reference (ratio 1)" in values.figure.legend(ms, False)[1]
     kinds = {(m["batch"], m["images"], m["state"] == "reference"):
-             (values.style(m)["marker"], values.style(m)["color"]) for m in ms}
+             (values.figure.style(m)["marker"], values.figure.style(m)["color"]) for m in ms}
     assert len(set(kinds.values())) == len(kinds)  # no two kinds of point drawn alike
     assert all(color != "C3" for color in {c for _, c in kinds.values()})  # the lines' red
     two_by_eight = next(m for m in ms if m["label"] == "resnet18 64 px 2x8")
     one_by_eight = next(m for m in ms if m["label"] == "resnet18 64 px 1x8")
-    assert values.shift(two_by_eight) != values.shift(one_by_eight)  # same values, apart
+    assert values.figure.shift(two_by_eight) != values.figure.shift(one_by_eight)  # apart
     values.plot(d, tmp_path / "v.png")
     assert (tmp_path / "v.png").stat().st_size > 0
 
@@ -735,7 +738,7 @@ def test_rule_v4_extends_a_cell_three_seeds_leave_unclear_and_says_what_three_ga
     assert shown["resnet20 2x4"]["pending"] and shown["resnet20 2x4"]["state"] == "unclear"
     assert shown["resnet20 4x2"]["state"] == "holds" and "pending" not in shown["resnet20 4x2"]
     assert "unclear (on its first 3 seeds; seeds 3, 4 to come)" in values.render(d)
-    assert "unclear (-1.3 pts vs 1x8) on 3 seeds, more to come" in values.governs(d)[1]
+    assert "unclear (gap +1.3 pts to 1x8) on 3 seeds, more to come" in values.governs(d)[1]
     assert "asks for" not in values.extension(d)[0]
     # all five in: judged on five pairs, and the change from three said
     five = {("resnet20", 4): 5, ("resnet20", 8): 5}
@@ -754,7 +757,7 @@ def test_rule_v4_extends_a_cell_three_seeds_leave_unclear_and_says_what_three_ga
                          f"undecided, the jitter {jitter3}, the doctor's thresholds undecided.")
     assert few == ("more seeds for resnet20 2x4, resnet20 1x8 (rule v4, after runs were "
                    "seen); on 3 seeds: undecided")
-    assert values.finding(d).endswith(f"[{few}]")
+    assert values.finding(d)[0].mark.startswith(" [†](experiments/values/")  # v4: after
     assert "More seeds: resnet20 2x4" in values.render(d)
     # a reference seed that diverges among the extra ones leaves the cells without it alone
     ref = cell_of(d, "resnet20", 8)
@@ -777,7 +780,7 @@ def test_all_cells_unclear_support_nothing(tmp_path):
                                for k in ks if k != 8})
     assert all(m["state"] in ("unclear", "reference") for _, m in values.measured(d))
     assert values.thresholds(d)[0].startswith("undecided")
-    assert values.finding(d).startswith("Where BN breaks: undecided")
+    assert values.finding(d)[0].text.startswith("Where BN breaks is undecided")
 
 
 def test_divergence_breaks_a_cell_but_a_diverged_reference_leaves_its_cells_unclear(tmp_path):

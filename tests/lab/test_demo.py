@@ -77,14 +77,12 @@ def test_the_summary_says_what_the_runs_show_and_quotes_the_sweeps_verdicts():
         "no collapse" in demo.shows(rows)
     rows[0]["plateau val acc"] = None
     assert demo.shows(rows).startswith("bn or syncbn has no plateau")
-    # the sweeps' side: C1 and the findings as make report last wrote them
+    # the sweeps' side: the README's findings, numbered, as make report last wrote them
     h = json.loads(HEADLINE.read_text())
-    c1 = next(v for v in h["verdicts"] if v["claim"] == "C1")
     lines = demo.found()
-    mark = " (preliminary)" if h["preliminary"] and not c1["final"] and \
-        c1["verdict"] != "not run yet" else ""
-    assert lines[0] == f"- C1 ({c1['claimed']}): **{c1['verdict']}{mark}**: {c1['ours']}"
-    assert all(f"- {f}" in lines for f in h["findings"])
+    assert len(h["findings"]) >= 3
+    for i, f in enumerate(h["findings"], 1):
+        assert lines[i - 1] == f"{i}. {f['text']} (`make table-{f['table']}`)"
 
 
 def test_an_unreadable_headline_json_leaves_the_sweeps_out(tmp_path, monkeypatch):
@@ -104,6 +102,26 @@ def test_the_headline_json_is_the_readme_s_headline():
     for v in h["verdicts"]:
         mark = " (preliminary)" if h["preliminary"] and not v["final"] and \
             v["verdict"] != "not run yet" else ""
-        assert f"| {v['claim']} | {v['claimed']} | {v['ours']} | **{v['verdict']}{mark}** |" \
+        assert f"| {v['claim']} | {v['claimed']} | {v['ours']} | **{v['verdict']}{mark}**" \
             in readme
-    assert all(f in readme for f in h["findings"])
+    for i, f in enumerate(h["findings"], 1):  # the same sentences, in the same order
+        assert f"\n{i}. {f['text']} ([table-{f['table']}](experiments/{f['table']}/table.md))" \
+            in readme
+
+
+def test_what_it_found_reads_in_a_minute():
+    """The README's findings: at most about 1,200 characters of prose outside the figures and
+    the verdict table, no finding over 45 words, no verdict cell over 120 characters, and no
+    bracketed disclosure (the † links to the table's rules history instead)."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## What it found")[1].split("\n## ")[0]
+    prose = [ln for ln in section.splitlines() if ln.strip() and not ln.startswith(("|", "![",
+                                                                                   "<!--"))]
+    shown = [re.sub(r"\]\([^)]*\)", "]", ln) for ln in prose]  # a link's target is no prose
+    assert sum(map(len, shown)) <= 1200
+    items = [ln for ln in shown if re.match(r"\d+\. ", ln)]
+    assert 3 <= len(items) <= 6 and all(len(ln.split()) <= 45 for ln in items)
+    cells = [c.strip() for ln in section.splitlines() if ln.startswith("| C")
+             for c in ln.strip("|").split("|")]
+    assert cells and max(map(len, cells)) <= 120
+    assert not re.search(r"\[[^\]]*(rule v|after runs were seen|without it)", section)

@@ -1,0 +1,195 @@
+"""`make table-lr` (claims C1, C3, C4 on the settled headline protocol): the learning-rate
+crossover. Why does BN jitter, and where can a contrast with SyncBN show at all?
+
+    python -m bnlab.claims lr --data DIR --jobs 2   # sweep (hours on 2 cores), table
+    python -m bnlab.claims lr --report              # table from the runs' logs only
+
+Trains experiments/lr/sweep.yaml: resnet20 bn and syncbn at 4 ranks x 2 images (simulated) on
+the settled headline protocol (configs/experiment/headline.yaml: constant rate after half an
+epoch of warmup, 20 epochs, 10 evaluations an epoch on the plateau), at the rate the pilot
+chose on held-out data (experiments/pilot; the spec's `chosen_lr`) and at rates spanning it up
+to 0.1, 5 seeds each, every training image, the test split. Every plateau evaluation is
+decomposed (record.decompose): the same weights with PreciseBN statistics, so each run's
+detrended variance splits into the weights' part and the running statistics' part
+(bnlab.jitter.variance_split). Writes experiments/lr/{table.md, lr.png}.
+
+The rules and the prediction, written before these runs, are data in experiments/lr/rules.yaml;
+cells.py reads the cells and the control check (bnlab.lab.judge), verdicts.py rules on C1, C3
+and C4, prediction.py sets the variance split beside the prediction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from bnlab.claims.lr.cells import *  # noqa: F403 (the table's names, one namespace)
+from bnlab.claims.lr.cells import (
+    CLAIMED,
+    NORMS,
+    RULES,
+    cell,
+    chosen,
+    contrast,
+    mean,
+    rates,
+    ready,
+    ruling_rate,
+    seeds_to_come,
+    steady,
+    vals,
+    without_added,
+)
+from bnlab.claims.lr.prediction import *  # noqa: F403
+from bnlab.claims.lr.prediction import parts, predictions, why
+from bnlab.claims.lr.verdicts import *  # noqa: F403
+from bnlab.claims.lr.verdicts import c1_parts, verdicts
+from bnlab.jitter import PLATEAU
+from bnlab.lab import page, rules, table
+from bnlab.lab.analysis import Stat
+from bnlab.lab.figures import band, legend, plt, save
+from bnlab.lab.results import CellResult, fmt
+from bnlab.lab.table import Finding, RunsData
+
+COLUMNS = ["lr", "cell", "seeds", "plateau acc (%)", "von Neumann sd (pts)", "churn floor (pts)",
+           "jitter / floor", "statistics part (pts²)", "weights part (pts²)",
+           "statistics share (%)"]
+
+
+def row(c: CellResult) -> list[str]:
+    st, we = parts(c, "statistics"), parts(c, "weights")
+    tot = parts(c, "total")
+    share = Stat.of([100 * s / t for s, t in zip(st, tot, strict=True) if t > 0])
+    return [f"{c.cell.meta['lr']:g}", c.cell.meta["norm"], c.seeds_note(),
+            c.jstat("plateau_acc").fmt(1), c.jstat("vn_sd").fmt(2),
+            c.jstat("churn_floor").fmt(2), c.jstat("over_floor").fmt(2), Stat.of(st).fmt(2),
+            Stat.of(we).fmt(2), share.fmt(0)]
+
+
+def eval_cost(d: RunsData) -> str:
+    """What evaluation costs a run of this table and what the sparse first half saved, from
+    the logs of the runs that trained in one launch (means over them, so the parts add up):
+    wall time (sweep.json) less the training steps' time and the decompositions' leaves the
+    plain evaluations with start-up and checkpoints, an upper bound on their cost."""
+    got = []
+    for r in (r for c in d.cells for r in c.runs):
+        train = r.last("time/train_s")
+        if r.launches != 1 or not r.wall_s or r.diverged or train is None:
+            continue
+        dec = [x["time/decompose_s"] for x in r.rows if "time/decompose_s" in x]
+        evals = Counter(math.ceil(x["epoch"] - 1e-9) for x in r.rows if "val/acc" in x)
+        rest = r.wall_s - train - sum(dec)
+        skipped = sum(max(evals.values()) - n for n in evals.values())
+        saved = skipped * rest / sum(evals.values())  # at most: rest holds start-up too
+        got.append((r.wall_s, train, sum(dec), len(dec), rest, sum(evals.values()), skipped,
+                    saved))
+    if not got:
+        return "Evaluation cost: no run trained in one launch yet."
+    wall, train, dec, ndec, rest, nev, skipped, saved = (float(np.mean(x))
+                                                         for x in zip(*got, strict=True))
+    return (f"Evaluation cost, from the logs of the {len(got)} runs that trained in one launch "
+            f"(means; each beside another run): a run {wall / 60:.1f} min = its training steps "
+            f"{train / 60:.1f} + its {ndec:.0f} decompositions {dec / 60:.1f} + the rest "
+            f"{rest / 60:.1f} min (its {nev:.0f} plain evaluations with start-up and checkpoints:"
+            f" at most {rest / nev:.1f} s an evaluation). Evaluating only at epoch ends before "
+            f"the plateau skipped {skipped:.0f} evaluations a run: at most {saved / 60:.1f} min, "
+            f"{100 * saved / (wall + saved):.0f}% of the {(wall + saved) / 60:.1f} min a run "
+            "evaluating 10 times an epoch throughout would take. Derived from the runs' logs "
+            "after they ran: the saving was not measured before the sweep started.")
+
+
+def render(d: RunsData) -> str:
+    lines = [f"Chosen rate (experiments/pilot, on held-out data): **{chosen(d):g}**.", "",
+             page.md_table(COLUMNS, [row(c) for lr in rates(d) for n in NORMS
+                                      if (c := cell(d, n, lr)) is not None]), "",
+             eval_cost(d), "",
+             "## Control check and contrast, rate by rate", ""]
+    for lr in rates(d):
+        ok, why, _ = steady(d, lr)
+        bn = cell(d, "bn", lr)
+        lines.append(f"- {why}" + (f"; {contrast(d, lr)['text']}" if ok is not None and
+                                   ready(bn) and vals(bn) else ""))
+    lines += ["", "## Why BN jitters: the prediction against the measurement", "",
+              *predictions(d), "",
+              "Statistics part: the detrended variance of (val acc with the running statistics "
+              "- val acc of the same weights with PreciseBN statistics); weights part: that of "
+              "the PreciseBN series (bnlab.jitter.variance_split; twice their covariance makes "
+              "up the rest, so a statistics share above 100% means the two co-vary negatively). "
+              "On the plateau, the second half of training; mean ± sd over seeds. "
+              "The prediction and the rules: below.", "",
+              *rules.history(RULES, {"first_rates": c1_parts(without_added(d))[0]
+                                     + seeds_to_come(without_added(d),
+                                                     rates(without_added(d)))})]
+    return table.runs_page(d, "\n".join(lines))
+
+
+def plot(d: RunsData, path: Path) -> None:
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    ax = axes[0]
+    ruled = ruling_rate(d)[0]
+    shown = (ruled or chosen(d), rates(d)[-1])  # C1's rate (else the chosen), and 0.1
+    for lr in rates(d):
+        for n in NORMS:
+            c = cell(d, n, lr)
+            if c is not None and c.runs and lr in shown:
+                band(ax, c, f"{n}, lr {lr:g}" + (" (C1's rate)" if lr == ruled else ""))
+    ax.axvline(PLATEAU * 20, color="grey", ls=":", lw=1)
+    ax.set(title="val acc (band: min..max over seeds)", xlabel="epoch", ylabel="val accuracy (%)")
+    ax.grid(alpha=0.3)
+    legend(ax, 7)
+    for ax, key, title in ((axes[1], "vn_sd", "plateau jitter (von Neumann sd)"),
+                           (axes[2], None, "statistics part of the variance")):
+        for i, n in enumerate(NORMS):
+            xs, ys = [], []
+            for lr in rates(d):
+                v = vals(cell(d, n, lr), key) if key else parts(cell(d, n, lr), "statistics")
+                ax.plot([lr] * len(v), v, "o", color=f"C{i}", ms=3, alpha=0.5)
+                if v:
+                    xs.append(lr)
+                    ys.append(mean(v))
+            ax.plot(xs, ys, "-", color=f"C{i}", label=n)
+        if key:
+            label = "syncbn's churn floor"
+            for lr in rates(d):
+                f = vals(cell(d, "syncbn", lr), "churn_floor")
+                if f:
+                    ax.plot([lr], [mean(f)], "_", color="black", ms=14, label=label)
+                    label = None  # one legend entry
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(rates(d), [f"{x:g}" for x in rates(d)])
+        ax.axvline(chosen(d), color="grey", ls="--", lw=1)
+        ax.set(title=title, xlabel="learning rate (dashed: chosen)",
+               ylabel="points" if key else "points²")
+        ax.grid(alpha=0.3)
+        legend(ax, 8)
+    save(fig, path, "The learning-rate crossover: resnet20, 4 ranks x 2, constant rate",
+         empty=not any(c.runs for c in d.cells))
+
+
+
+def finding(d: RunsData) -> list[Finding]:
+    """C1 in a sentence (the claimed swing against the jitter measured where the control is
+    steady), and why BN jitters (prediction.why)."""
+    v, _, _, _ = c1_parts(d)
+    lr = ruling_rate(d)[0]
+    if lr is None or v in ("not run yet", "untestable"):
+        c1 = Finding(f"The claimed swing (C1: {CLAIMED}) is {v}: no rate where syncbn is steady "
+                     "has been ruled.", "lr", rules.mark(RULES), rank=3)
+    else:
+        c = contrast(d, lr)
+        c1 = Finding(
+            "The claimed swing (±10 with BN, ±2 with SyncBN) holds only in part: at the one "
+            f"rate of {len(rates(d))} where SyncBN is steady, BN's jitter is {c['ratio']:.2f}x "
+            f"SyncBN's (95% CI {fmt(c['lo'], 2)} to {fmt(c['hi'], 2)}), not 5x." if v == "partly"
+            else
+            f"The claimed swing (C1: {CLAIMED}) is {v} at lr {lr:g}: BN's plateau jitter is "
+            f"{c['ratio']:.2f}x SyncBN's (95% CI {fmt(c['lo'], 2)} to {fmt(c['hi'], 2)}).",
+            "lr", rules.mark(RULES), rank=3)
+    return [c1, why(d)]
+
+
+TABLE = table.Table("lr", ("C1", "C3", "C4"), table.runs_data, render, verdicts, plot,
+                    block="settled", headline="lr.png", finding=finding, rules="lr")
