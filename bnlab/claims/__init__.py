@@ -26,6 +26,7 @@ from bnlab.claims import (
     precisebn,
     ranks,
     rankstats,
+    recover,
     recoverpilot,
     sync,
     values,
@@ -34,7 +35,7 @@ from bnlab.lab import make, table
 
 TABLES: dict[str, table.Table] = {m.TABLE.name: m.TABLE for m in (
     jitter, batch, ranks, evalmode, rankstats, sync, precisebn, losslog, pitfalls, lrpilot, plateau,
-    decompose, pilot, lr, fixes, values, recoverpilot)}
+    decompose, pilot, lr, fixes, values, recoverpilot, recover)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,7 +63,12 @@ def read(name: str, experiments: Path = EXPERIMENTS) -> Rules:
     if not path.is_file():
         raise BnlabError(f"no rules at {path}; a table's rules are written there before its "
                          "runs.")
-    raw = yaml.safe_load(path.read_text())
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        raise BnlabError(f"{path} is not valid YAML (line {where.line + 1 if where else '?'}); "
+                         "fix it there.") from None
     if not isinstance(raw, dict) or not raw.get("versions"):
         raise BnlabError(f"{path} has no `versions:`; each rule's version, commit and whether "
                          "its data had been seen are listed there.")

@@ -1,0 +1,259 @@
+"""`make table-recover`: what to use instead of BN at the break. Every fix at 4 ranks x 2
+images, each at the rate (and setting) its pilot chose on held-out data, against the input's
+1 x 8 BN reference and bn at 4 x 2 itself, paired on the seed.
+
+    python -m bnlab.claims recover-spec                # experiments/recover/sweep.yaml from
+                                                       # the pilot's choices (once all are made)
+    python -m bnlab.claims recover --data DIR --jobs 2 # its sweep (hours on 2 cores), the table
+    python -m bnlab.claims recover --report            # the table from the runs' logs only
+
+The rules are data in experiments/recover/rules.yaml, committed before any final run
+(bnlab.lab.judge applies the comparisons). Per fix: its gap to the reference, its gain over bn
+(the fix's plateau accuracy minus bn's), the share of bn's loss it recovers (per seed, read
+only where bn breaks), and its state: recovers, partly, no better, unclear, or undecided while
+runs are to come. The 1 x 8 and bn 4 x 2 cells are table-values' runs (the same overrides).
+Writes experiments/recover/{table.md, recover.png}.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from bnlab.claims import recoverpilot
+from bnlab.errors import BnlabError
+from bnlab.lab import choose, judge, page, rules, table
+from bnlab.lab.analysis import mean_interval
+from bnlab.lab.figures import nothing_yet, plt, save
+from bnlab.lab.results import CellResult, fmt
+from bnlab.lab.table import Finding, RunsData, Verdict
+from bnlab.paths import EXPERIMENTS
+
+RULES = rules.read("recover")
+SPEC = EXPERIMENTS / "recover" / "sweep.yaml"
+MIN_SEEDS = RULES["min_seeds"]
+SEEDS = list(range(MIN_SEEDS))
+# The protocol: table-values' resnet20 cells, overrides as there (so its runs are reused).
+BASE = ["model=resnet20", "dist.simulate=4", "batch_per_gpu=2", "epochs=10"]
+REFERENCE = ["model=resnet20", "norm=bn", "dist.simulate=1", "batch_per_gpu=8", "epochs=10",
+             "optim.lr=0.00625"]
+BN = ["model=resnet20", "norm=bn", "dist.simulate=4", "batch_per_gpu=2", "epochs=10",
+      "optim.lr=0.00625"]
+PILOT_ONLY = ("data.holdout=", "eval_every=", "record.predictions=")  # the pilot's, not ours
+COMMUNICATION_FREE = ("gn", "ln", "evonorm", "brn", "precise", "frozen_bn")
+
+
+# ----------------------------------------------------------------------------------------
+# The spec, from the pilot's choices
+
+
+def spec_cells(picks: dict[str, dict]) -> list[dict]:
+    """The final cells: the 1 x 8 reference, bn at 4 x 2, and each fix at its chosen cell's
+    overrides less the pilot's held-out split; a BnlabError while any choice is not made."""
+    open_ = [f"{fix} ({p['state']})" for fix, p in picks.items() if p["state"] != "chosen"]
+    if open_:
+        raise BnlabError(f"the pilot has not chosen every fix yet: {', '.join(open_)}; run "
+                         "`make table-recoverpilot` until each is chosen (or add the rate its "
+                         "edge rule asks for).")
+    cells = [{"label": "bn 1x8 (reference)", "fix": "reference", "overrides": REFERENCE},
+             {"label": "bn 4x2", "fix": "bn", "overrides": BN}]
+    for fix, p in picks.items():
+        c = p["cell"]
+        over = [o for o in c.cell.overrides if not o.startswith(PILOT_ONLY)]
+        cells.append({"label": f"{fix} lr {c.cell.meta['lr']:g}", "fix": fix,
+                      "lr": c.cell.meta["lr"], "pilot": c.cell.label, "overrides": over})
+    return cells
+
+
+def write_spec(path: Path = SPEC, data: str | None = None) -> int:
+    """experiments/recover/sweep.yaml from the committed pilot's runs; refuses to overwrite a
+    spec that differs (a change after runs is a rule change, made by hand and disclosed)."""
+    d = table.runs_data(table.Context(recoverpilot.TABLE, data=data))
+    picks = choose.choices(d.cells, choose.Rules.read(recoverpilot.RULES))
+    text = "\n".join([
+        "# make table-recover: every fix at 4 ranks x 2 on resnet20 at the rate (and setting)",
+        "# its pilot chose on held-out data (experiments/recoverpilot; written from its choices",
+        "# by `python -m bnlab.claims recover-spec`), against the 1 x 8 reference and bn 4 x 2",
+        "# (table-values' runs, the same overrides), table-values' 10-epoch protocol, 5 seeds.",
+        yaml.safe_dump({"title": "What to use instead of BN at 4 ranks x 2: every fix at its "
+                        "own held-out rate", "experiment": "headline", "seeds": SEEDS,
+                        "jobs": 2, "cells": spec_cells(picks)}, sort_keys=False, width=100)])
+    if path.is_file() and path.read_text() != text:
+        raise BnlabError(f"{path} exists and differs from what the pilot's choices give; a "
+                         "change of the spec after its runs is a rule change: make it by hand "
+                         "and disclose it in experiments/recover/rules.yaml.")
+    path.write_text(text)
+    print(f"wrote {path}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------
+# The cells against bn and the reference
+
+
+@dataclass
+class Recover:
+    """The table's data: its runs where its spec exists, else why it waits."""
+
+    runs: RunsData | None
+    waiting: str = ""
+
+
+def load(ctx: table.Context) -> Recover:
+    if not ctx.table.spec_path.is_file():
+        return Recover(None, "its spec is written from the pilot's choices once every fix is "
+                       "chosen (`python -m bnlab.claims recover-spec`); see table-recoverpilot")
+    return Recover(table.runs_data(ctx))
+
+
+def by_fix(d: RunsData, fix: str) -> CellResult | None:
+    return next((c for c in d.cells if c.cell.meta.get("fix") == fix), None)
+
+
+def per_seed(c: CellResult) -> dict[int, float]:
+    """Plateau accuracy by seed, over the seeds that did not diverge."""
+    out = {}
+    for r in c.runs:
+        acc = None if r.diverged else r.jitter(c.epochs).get("plateau_acc")
+        if acc is not None:
+            out[r.seed] = acc
+    return out
+
+
+def share(c: CellResult, bn: CellResult, ref: CellResult) -> tuple[float, float | None,
+                                                                      float | None]:
+    """The share of bn's loss the fix recovers, per seed (fix - bn) / (ref - bn), mean with a
+    95% t interval; nan where no seed has a loss to recover."""
+    a, b, r = per_seed(c), per_seed(bn), per_seed(ref)
+    xs = [(a[s] - b[s]) / (r[s] - b[s]) for s in sorted(set(a) & set(b) & set(r))
+          if r[s] - b[s] > 0]
+    lo, hi = mean_interval(xs)
+    return (float(np.mean(xs)) if xs else math.nan), lo, hi
+
+
+def state(g: dict, gain: dict, lost: bool) -> str:
+    """recovers, partly, no better or unclear, by rules.yaml."""
+    if lost:
+        return "no better"
+    if g["n"] < MIN_SEEDS or g["lo"] is None or gain["lo"] is None:
+        return "unclear"
+    if g["gap"] < RULES["recovers_gap"] and g["hi"] < RULES["recovers_interval"]:
+        return "recovers"
+    if gain["lo"] <= 0:
+        return "no better"
+    if g["lo"] > 0:
+        return "partly"
+    return "unclear"
+
+
+def measure(d: RunsData, c: CellResult) -> dict | None:
+    """The fix against the reference and bn, over the seeds all three ended; None while any
+    of their seeds is to come."""
+    ref, bn = by_fix(d, "reference"), by_fix(d, "bn")
+    if ref is None or bn is None or not table.complete(c, ref, bn):
+        return None
+    g, gain, b = judge.paired(c, ref), judge.paired(bn, c), judge.paired(bn, ref)
+    breaks = b["n"] >= MIN_SEEDS and b["lo"] is not None and \
+        b["gap"] >= RULES["break_points"] and b["lo"] > 0  # bn's own gap: does it break?
+    s = share(c, bn, ref) if breaks else (math.nan, None, None)
+    lost = bool(judge.pairs(c, ref)[2])
+    return {"gap": g, "gain": gain, "share": s, "bn_breaks": breaks,
+            "state": state(g, gain, lost) if c is not bn else "bn"}
+
+
+def render(data: Recover) -> str:
+    if data.runs is None:
+        return "\n".join(["# What to use instead of BN at 4 ranks x 2", "",
+                          "Generated by `make table-recover` (`python -m bnlab.claims recover`)"
+                          "; do not edit.", "", f"Not run yet: {data.waiting}.", "",
+                          *rules.history(RULES)])
+    d = data.runs
+    rows = []
+    for c in d.cells:
+        ref = c.cell.meta.get("fix") == "reference"
+        m = None if ref else measure(d, c)
+        rows.append([c.cell.label, c.seeds_note(), c.jstat("plateau_acc").fmt(1),
+                     c.jstat("vn_sd").fmt(2), c.jstat("churn_floor").fmt(2), *(
+                         ["-"] * 3 + ["reference" if ref else "undecided (runs still to come)"]
+                         if m is None else
+                         [f"{m['gap']['gap']:+.1f} ({fmt(m['gap']['lo'])} to "
+                          f"{fmt(m['gap']['hi'])})",
+                          "-" if m["state"] == "bn" else
+                          f"{m['gain']['gap']:+.1f} ({fmt(m['gain']['lo'])} to "
+                          f"{fmt(m['gain']['hi'])})",
+                          "-" if m["state"] == "bn" or not math.isfinite(m["share"][0]) else
+                          f"{100 * m['share'][0]:.0f}% ({fmt(pct(m['share'][1]), 0)} to "
+                          f"{fmt(pct(m['share'][2]), 0)})", m["state"]])])
+    return table.runs_page(d, "\n".join([
+        page.md_table(["cell", "seeds", "plateau acc (%)", "von Neumann sd (pts)",
+                       "churn floor (pts)", "gap to 1x8 (pts, 95% CI)",
+                       "gain over bn (pts, 95% CI)", "share of bn's loss recovered (95% CI)",
+                       "state"], rows), "",
+        "Gap: the 1 x 8 reference's plateau accuracy minus the cell's (positive: accuracy "
+        "lost), paired on the seed; gain: the cell's minus bn 4 x 2's; share: gain over bn's "
+        "gap, per seed. " + " ".join(f"{k.replace('_', ' ')}: {RULES.raw[k]}." for k in
+                                      ("partly", "no_better", "unclear")), "",
+        *rules.history(RULES)]))
+
+
+def pct(x: float | None) -> float | None:
+    return None if x is None else 100 * x
+
+
+def plot(data: Recover, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    d = data.runs
+    ms = [] if d is None else [(c, m) for c in d.cells
+                               if c.cell.meta.get("fix") not in ("reference", "bn")
+                               and (m := measure(d, c)) is not None]
+    for i, (_, m) in enumerate(ms):
+        y, lo, hi = m["gain"]["gap"], m["gain"]["lo"], m["gain"]["hi"]
+        err = [[y - lo], [hi - y]] if lo is not None else None
+        ax.errorbar([i], [y], yerr=err, fmt="o", capsize=3, color=f"C{i % 10}")
+    if ms:
+        bn_loss = judge.paired(by_fix(d, "bn"), by_fix(d, "reference"))["gap"]
+        ax.axhline(bn_loss, color="C3", ls="--", lw=1, label=f"bn's loss ({bn_loss:.1f} pts)")
+        ax.axhline(0, color="grey", lw=1)
+        ax.set_xticks(range(len(ms)), [c.cell.label for c, _ in ms], rotation=30, ha="right")
+        ax.legend(fontsize=8)
+    else:
+        nothing_yet(ax, data.waiting or "no fix has all its seeds and its references yet")
+    ax.set(ylabel="plateau accuracy over bn 4 x 2 (points)",
+           title="each fix's gain over bn (dashed: bn's loss)" if ms else "")
+    ax.grid(alpha=0.3)
+    save(fig, path, "What to use instead of BN at 4 ranks x 2 (resnet20)")
+
+
+def verdicts(data: Recover) -> list[Verdict]:
+    return []  # no claim under test: a ranking of fixes, stated on its page
+
+
+def finding(data: Recover) -> list[Finding]:
+    """The best fix and the best communication-free one, in a sentence (none until every cell
+    has its seeds)."""
+    d = data.runs
+    fixes = [] if d is None else [c for c in d.cells
+                                  if c.cell.meta.get("fix") not in ("reference", "bn")]
+    ms = {c.cell.meta["fix"]: measure(d, c) for c in fixes}
+    if not ms or any(m is None for m in ms.values()):
+        return []
+    best = max(ms, key=lambda f: ms[f]["gain"]["gap"])
+    free = max((f for f in ms if f in COMMUNICATION_FREE), key=lambda f: ms[f]["gain"]["gap"],
+               default=None)
+
+    def said(f: str) -> str:
+        s = ms[f]["share"]
+        return (f"{f} recovers {100 * s[0]:.0f}% of BN's loss (95% CI {fmt(pct(s[1]), 0)} to "
+                f"{fmt(pct(s[2]), 0)})" if math.isfinite(s[0]) else f"{f}: {ms[f]['state']}")
+    return [Finding(f"At 4 x 2 on resnet20 {said(best)}" + (
+        f"; without communication, {said(free)}" if free and free != best else "") + ".",
+        "recover", rules.mark(RULES), rank=2)]
+
+
+TABLE = table.Table("recover", (), load, render, verdicts, plot, block="recover",
+                    finding=finding)
+
