@@ -33,6 +33,7 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
+from bnlab.advice import without_communication
 from bnlab.batchnorm import restore_modes, save_modes
 from bnlab.cli import imported
 from bnlab.errors import BnlabError
@@ -256,9 +257,11 @@ def recommend(layers: list[Layer], world: int, batch: int, min_values: int,
                     f"then sees {batch * k} samples, and the lowest, {low.name}, "
                     f"{low.per_rank * k} values per channel)")
     else:
-        tips.append(f"syncbn over all {world} ranks still gives {batch * world} samples and "
-                    f"{low.per_rank * world} values per channel in {low.name}: too few; "
-                    f"prefer gn")
+        k = next((k for k in _divisors(world) if batch * k >= min_images), world)
+        tips.append(f"syncbn with --sync-group {k} gives {batch * k} samples per group, but "
+                    f"{low.name} still gets {low.per_rank * k} values per channel (threshold "
+                    f"{min_values}): no sync group reaches both")
+    tips.append(without_communication())
     channels = [layer.channels for layer in bns]
     g = max((g for g in range(1, 33) if all(c % g == 0 for c in channels)), default=1)
     tips.append(f"gn with groups={g} (the most groups, up to 32, that divide every BN "

@@ -33,7 +33,8 @@ def test_resnet50_at_8_by_2_is_at_risk_in_every_layer_and_syncbn_4_fixes_it(caps
     low = min(r["layers"], key=lambda layer: layer["per_rank"])
     assert low["per_rank"] == 2 * 7 * 7 and low["images"] == 2  # 7x7 in layer4 at 224
     assert r["recommendations"][0].startswith("syncbn with --sync-group 4 ")
-    assert "gn with groups=32" in r["recommendations"][1]
+    assert r["recommendations"][1].startswith("without communication")
+    assert "gn with groups=32" in r["recommendations"][2]
     code, r = _json(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
                     "--world", "8", "--batch-per-rank", "2", "--norm", "syncbn",
                     "--sync-group", "4")
@@ -106,7 +107,7 @@ def test_a_factory_model_with_group_norm_and_a_batchnorm1d_head(capsys, factory_
     assert not layers["2"]["batch_dependent"]
     assert layers["6"]["per_rank"] == 8 and layers["6"]["at_risk"]  # 8 values < 16
     assert code == 1 and r["at_risk"] == 1
-    assert "gn with groups=6" in r["recommendations"][1]  # divides 12 and 6
+    assert "gn with groups=6" in r["recommendations"][2]  # divides 12 and 6
 
 
 def test_a_bnlab_checkpoint(capsys, tmp_path):
@@ -187,3 +188,31 @@ def test_the_skip_a_refusal_advises_is_a_doctor_option(capsys, factory_dir):
     code, out, _ = _doctor(capsys, "--model", "mymodels:fused", "--norm", "syncbn",
                            "--skip", "1")
     assert code in (0, 1) and "BatchNormAct2d" in out
+
+
+def test_the_fix_line_names_the_smallest_group_of_8_samples_and_cites_table_recover(
+        capsys, tmp_path, monkeypatch):
+    """No sync group reaches both thresholds (resnet18 at 32 px, 4 x 2): the line names the
+    smallest group with 8 samples and what it still lacks; the line on fixes without
+    communication cites table-recover, with its measured best once advice.json is there."""
+    from bnlab import advice
+
+    monkeypatch.setattr(advice, "ADVICE", tmp_path / "advice.json")
+    code, r = _json(capsys, "--model", "torchvision:resnet18", "--input", "3x32x32",
+                    "--world", "4", "--batch-per-rank", "2")
+    assert code == 1
+    assert r["recommendations"][0] == (
+        "syncbn with --sync-group 4 gives 8 samples per group, but layer4.0.bn1 still gets 8 "
+        "values per channel (threshold 16): no sync group reaches both")
+    assert "not been measured yet (make table-recover" in r["recommendations"][1]
+    (tmp_path / "advice.json").write_text(json.dumps({
+        "where": "4 ranks x 2 on resnet20 (CIFAR-10)",
+        "best": {"fix": "syncbn", "state": "recovers", "gain": 9.0, "share": 0.98, "lo": 0.9,
+                 "hi": 1.06},
+        "best_free": {"fix": "gn", "state": "partly", "gain": 5.0, "share": 0.55, "lo": 0.4,
+                      "hi": 0.7}}))
+    _, r = _json(capsys, "--model", "torchvision:resnet18", "--input", "3x32x32",
+                 "--world", "4", "--batch-per-rank", "2")
+    assert r["recommendations"][1] == (
+        "without communication, at 4 ranks x 2 on resnet20 (CIFAR-10): gn recovers 55% of BN's "
+        "loss (95% CI 40 to 70) (make table-recover: experiments/recover/table.md)")

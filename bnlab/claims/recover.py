@@ -254,6 +254,29 @@ def finding(data: Recover) -> list[Finding]:
         "recover", rules.mark(RULES), rank=2)]
 
 
+def advice(data: Recover, out: Path) -> None:
+    """advice.json for the doctor's fix line (bnlab.advice): the best fix and the best one
+    without communication, with their shares, once every cell has its seeds; removed before."""
+    path = out / "advice.json"
+    d = data.runs
+    fixes = [] if d is None else [c for c in d.cells
+                                  if c.cell.meta.get("fix") not in ("reference", "bn")]
+    ms = {c.cell.meta["fix"]: measure(d, c) for c in fixes}
+    if not ms or any(m is None for m in ms.values()):
+        path.unlink(missing_ok=True)
+        return
+
+    def entry(f: str) -> dict:
+        s = ms[f]["share"]
+        return {"fix": f, "state": ms[f]["state"], "gain": ms[f]["gain"]["gap"],
+                **({"share": s[0], "lo": s[1], "hi": s[2]} if math.isfinite(s[0]) else {})}
+    free = [f for f in ms if f in COMMUNICATION_FREE]
+    table.save_results(path, {
+        "where": "4 ranks x 2 on resnet20 (CIFAR-10)",
+        "best": entry(max(ms, key=lambda f: ms[f]["gain"]["gap"])),
+        "best_free": entry(max(free, key=lambda f: ms[f]["gain"]["gap"])) if free else None})
+
+
 TABLE = table.Table("recover", (), load, render, verdicts, plot, block="recover",
-                    finding=finding)
+                    finding=finding, also=advice)
 

@@ -107,6 +107,7 @@ class Table:
     headline: str = ""   # a figure (experiments/<name>/...): its block also opens README.md
     finding: Callable[[Any], list[Finding]] | None = None  # the README's findings from it
     rules: str = ""      # experiments/<rules>/rules.yaml: the mark on its verdicts
+    also: Callable[[Any, Path], None] | None = None  # other outputs into experiments/<name>/
 
     @property
     def make(self) -> str:
@@ -243,6 +244,8 @@ def build(table: Table, ctx: Context) -> Any:
     if table.plot is not None:
         written.append(ctx.out / f"{table.name}.png")
         table.plot(data, written[-1])
+    if table.also is not None:
+        table.also(data, ctx.out)
     print("wrote " + " and ".join(map(str, written)))
     return data
 

@@ -4,6 +4,8 @@ choices, refused while a choice is open."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -49,6 +51,10 @@ def test_each_fix_is_judged_against_the_reference_and_bn(tmp_path):
     assert share == pytest.approx(0.5, abs=0.05) and lo < share < hi
     text = recover.render(recover.Recover(d))
     assert "| gn cell |" in text and "| partly |" in text and "## Rules and their history" in text
+    recover.advice(recover.Recover(d), tmp_path)  # the doctor's line reads it
+    advice = json.loads((tmp_path / "advice.json").read_text())
+    assert advice["best"]["fix"] == "syncbn" and advice["best_free"]["fix"] == "gn"
+    assert advice["best_free"]["share"] == pytest.approx(share)
     f = recover.finding(recover.Recover(d))[0]
     assert f.text.startswith("At 4 x 2 on resnet20 syncbn recovers ") and \
         "without communication, gn recovers " in f.text
@@ -60,6 +66,9 @@ def test_a_seed_still_to_come_leaves_the_fix_undecided_and_no_finding(tmp_path):
     assert recover.measure(d, gn) is None
     assert "| undecided (runs still to come) |" in recover.render(recover.Recover(d))
     assert recover.finding(recover.Recover(d)) == []
+    (tmp_path / "advice.json").write_text("{}")  # stale: removed until every seed is in
+    recover.advice(recover.Recover(d), tmp_path)
+    assert not (tmp_path / "advice.json").exists()
 
 
 def test_without_its_spec_the_page_says_what_it_waits_for():
