@@ -122,6 +122,34 @@ def precisebn_cost(b: Bench) -> None:
           note="fraction of an epoch")
 
 
+# table-recover's fixes as its spec runs them: configs/norm/<kind>.yaml with these keys set
+FIX_NORMS = {"syncbn": ("syncbn", {}), "syncbn, groups of 2": ("syncbn", {"sync_group": 2}),
+             "gn (32 groups, capped)": ("gn", {"cap_groups": True}), "ln": ("ln", {}),
+             "evonorm": ("evonorm", {}), "brn": ("brn", {}),
+             "frozen BN (once frozen)": ("frozen_bn", {"freeze_after": 0})}
+
+
+def norm_cfg(kind: str, keys: dict | None = None) -> dict:
+    """configs/norm/<kind>.yaml with `keys` set: the norm as a run configures it."""
+    import yaml
+
+    return {**yaml.safe_load((HERE.parent / "configs" / "norm" / f"{kind}.yaml").read_text()),
+            **(keys or {})}
+
+
+def fixes_cost(b: Bench) -> None:
+    """Each of table-recover's fixes vs bn per step: resnet20, 4 simulated ranks x 2, on CPU."""
+    steps, warm = b.n(40, 6), b.n(5, 2)
+    for label, (kind, keys) in FIX_NORMS.items():
+        ours, bn = [], []
+        for _ in range(b.n(3, 1)):  # alternating, so drift in the machine hits both alike
+            bn += m.ddp_step_s("resnet20", norm_cfg("bn"), 2, steps, warm, simulate=4)
+            ours += m.ddp_step_s("resnet20", norm_cfg(kind, keys), 2, steps, warm, simulate=4)
+        b.row("fixes", f"{label}, resnet20, simulated 4 x 2", m.median(ours), "s/step",
+              m.median(bn), "bn, simulated 4 x 2",
+              note="CPU, one process; PreciseBN's cost: the precisebn section")
+
+
 def eval_throughput(b: Bench) -> None:
     """Evaluation images/s at batch 256 (and resnet18 step images/s for scale)."""
     n = b.n(1024, 256)
@@ -259,9 +287,9 @@ def preempt_check(b: Bench) -> None:
 
 SECTIONS: dict[str, Callable[[Bench], None]] = {
     "overhead": overhead, "data": data_pipeline, "sim": simulation, "syncbn": syncbn_cost,
-    "precisebn": precisebn_cost, "eval": eval_throughput, "threads": threads_and_sweep,
-    "compile": compile_speedup, "channels_last": channels_last, "preempt": preempt_check,
-    "gpu": gpu,
+    "precisebn": precisebn_cost, "fixes": fixes_cost, "eval": eval_throughput,
+    "threads": threads_and_sweep, "compile": compile_speedup, "channels_last": channels_last,
+    "preempt": preempt_check, "gpu": gpu,
 }
 
 

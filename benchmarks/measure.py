@@ -113,8 +113,10 @@ def loader_s(batch: int, steps: int) -> list[float]:
 
 # -- DDP: simulated and real -------------------------------------------------------------------
 
-def _ddp_cfg(model: str, norm: str, simulate: int) -> dict:
-    return {"seed": 0, "model": {"name": model}, "norm": {"kind": norm}, "grad_accum": 1,
+def _ddp_cfg(model: str, norm: str | dict, simulate: int) -> dict:
+    """`norm`: a kind (its defaults), or a norm config (configs/norm/<kind>.yaml's keys)."""
+    norm = norm if isinstance(norm, dict) else {"kind": norm}
+    return {"seed": 0, "model": {"name": model}, "norm": norm, "grad_accum": 1,
             "dist": {"broadcast_buffers": True, "simulate": simulate}, "optim": OPTIM}
 
 
@@ -125,7 +127,7 @@ def _sync(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
 
 
-def ddp_step_s(model: str, norm: str, batch: int, steps: int, warmup: int, simulate: int = 1,
+def ddp_step_s(model: str, norm: str | dict, batch: int, steps: int, warmup: int, simulate: int = 1,
                threads: int = 0, check_stop: bool = False, local_sync: bool = False,
                device: str = "cpu") -> list[float]:
     """Seconds per optimizer step with the trainer's pieces (wrap, TrainLoader, train_step),

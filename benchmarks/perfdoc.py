@@ -44,6 +44,11 @@ WHY = {
                  "and E[x^2] in float64 (the train estimator, as the trainer runs it). The "
                  "epoch it is compared with is the table-jitter cell's 635 steps at the "
                  "measured simulated step time.",
+    "fixes": "table-recover's fixes at its cell (resnet20, 4 ranks x 2 simulated in one "
+             "process, on CPU), each against bn in alternating rounds: what each costs a step "
+             "beyond bn's arithmetic. In one process syncbn's and its groups' collectives are "
+             "local (the syncbn section has real gloo processes); on a GPU with NCCL the "
+             "ranking may differ.",
     "eval": "Eval mode, no gradients, the validation set sharded across ranks.",
     "threads": "Steps of the table-jitter cell (resnet18, 4 simulated ranks x 2 images) with "
                "one or more runs side by side on the cores.",
