@@ -54,17 +54,15 @@ FIXES = ("bn", "syncbn", "precise", "gn", "frozen_bn")
 C9_OTHERS = ("bn", "syncbn", "frozen_bn")
 KIND = {"precise": "recal"}  # which evaluations a cell's jitter reads (Run.jitter's kind)
 RUNS_TO_COME = "runs still to come"
-# Said in the verdicts: where this table's rate and its cells' settings came from
-MOVED = (" Setting: these cells run at the rate C1 is ruled at (a rate added to table-lr's "
-         "spec after some of its runs were seen), not at the pilot's chosen rate that this "
-         "spec first named: it moved to a quarter of the chosen rate and then to C1's rate, "
-         "both before any PreciseBN, gn or frozen BN run (experiments/fixes/sweep.yaml says "
-         "when)")
-SETTING = (MOVED + ", once table-lr showed syncbn not steady at the chosen rate (there C6 and "
-           "C9 would be untestable by these rules); gn's group count and the freeze point were "
-           "chosen by the pilot at its chosen rate and not chosen again at this one.")
-SETTING_C8 = (MOVED + "; C8 reads no control, and with no steady rate its cell would have run "
-              "at the chosen rate.")
+UNTESTABLE = ("a cell below learned % on the plateau or with fewer than min_seeds seeds left: "
+              "untestable")
+
+
+def rule_of(claim: str, *keys: str, note: str = "") -> str:
+    """A claim's rule as rules.yaml words it, its thresholds, and the disclosure of every version
+    written after its data were seen (bnlab.lab.rules)."""
+    return (f"Rule: {RULES.words('rules', claim)}; {UNTESTABLE}.{note} Thresholds: "
+            + rules.said(RULES, *keys, "learned", "min_seeds") + "." + rules.disclosure(RULES))
 
 
 def cell(d: RunsData, fix: str) -> CellResult | None:
@@ -140,14 +138,7 @@ def excess(c: CellResult) -> float | None:
 
 
 def c6(d: RunsData) -> Verdict:
-    rule = (f"Rule (only where the control is steady): bn at least {FLOOR_RATIO:g}x its churn "
-            f"floor, else untestable; bn's jitter separated above frozen BN's (p <= "
-            f"{SEPARATED}) and frozen BN's excess over its floor at most {EXCESS:g} of bn's: "
-            "reproduced; separated: partly; else not reproduced (indistinguishable); a cell "
-            f"below {LEARNED:g}% on the plateau or with fewer than {MIN_SEEDS} seeds left: "
-            "untestable. (Changed before any frozen BN run, after review: the first version "
-            "compared raw jitters, halving which lands under the floor, and did not check bn.)"
-            + SETTING)
+    rule = rule_of("C6", "floor_ratio", "separated", "excess_share")
     v, why, glance = jitter_rule(d, "bn", "frozen_bn")
     bn, fr = cell(d, "bn"), cell(d, "frozen_bn")
     if v is not None:
@@ -195,14 +186,7 @@ def before(run: Run, epoch: float) -> float | None:
 
 
 def c8(d: RunsData) -> Verdict:
-    rule = (f"Rule (paired on each seed's own weights, every seed ended): exact one-sided "
-            f"sign-flip test over seeds p <= {SEPARATED} and +{GAIN:g} point or more on average: "
-            f"reproduced; p <= {SEPARATED}: partly; else not reproduced (indistinguishable); "
-            f"fewer seeds with a gain than such a test can separate (5, p = 1/32): "
-            "untestable. (Changed before any "
-            "PreciseBN run, after review; the first version said partly for up on average "
-            "and in most seeds, with no test. The decomposition of bn, a close measure shown "
-            "beside it, had been seen at two rates before the change.)" + SETTING_C8)
+    rule = rule_of("C8", "separated", "gain_points", note=" C8 reads no control.")
     pb = cell(d, "precise")
     if why := waiting(pb):
         return Verdict("C8", "make table-fixes", "PreciseBN improves val acc", why,
@@ -244,17 +228,7 @@ def end_acc(c: CellResult) -> float | None:
 
 
 def c9(d: RunsData) -> Verdict:
-    rule = (f"Rule (only where the control is steady; on bn, syncbn and gn, frozen BN joining "
-            f"where it kept {MIN_SEEDS} seeds and learned; every seed ended): steadiest = "
-            f"gn's jitter not separated above any such cell's, separated below bn's (p <= "
-            f"{SEPARATED}) and on average at most {STEADIEST}x the lowest of theirs; close = "
-            f"mean val acc over the last epoch's evaluations within {CLOSE:g} points of syncbn's, "
-            f"either way; both: reproduced, one: partly; a cell below {LEARNED:g}% on the plateau "
-            f"or with fewer than {MIN_SEEDS} seeds left: untestable. (Changed before any gn run, "
-            "after review: the first version needed every fix's cell, compared with cells "
-            "that did not learn and with PreciseBN's sparser evaluations, and judged close on "
-            "the plateau's mean, which counts the slower convergence the claim allows against "
-            "gn.)" + SETTING)
+    rule = rule_of("C9", "separated", "steadiest", "close_points")
     v, why, glance = jitter_rule(d, "bn", "syncbn", "gn")
     if v is not None:
         return Verdict("C9", "make table-fixes", "GN steadiest, close to SyncBN", why, v, rule,

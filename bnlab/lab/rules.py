@@ -75,25 +75,46 @@ def read(name: str, experiments: Path = EXPERIMENTS) -> Rules:
     return Rules(name, path, raw)
 
 
-def history(rules: Rules, gave: dict[str, str] | None = None) -> list[str]:
+def version_said(v: dict, gave: dict[str, str | None]) -> str:
+    """One version in a sentence: its commit, when it was written, what changed, and (written
+    after its data were seen) what the rules before it give."""
+    when = ("after some of its data were seen" if v.get("seen")
+            else "before any of the runs it judges")
+    line = f"Version {v['version']} (commit {v['commit']}, written {when}): {v['change']}."
+    if v.get("verdicts") is False:
+        line += " It moves no verdict."
+    elif v.get("seen"):
+        line += (f" Without it the rules give: {gave[v['gave']]}." if gave.get(v.get("gave"))
+                 else " What the rules before it would give is not computed here.")
+    return line
+
+
+def history(rules: Rules, gave: dict[str, str | None] | None = None) -> list[str]:
     """The page's "Rules and their history" section, the same for every table: where the rules
-    are, then each version in a sentence, and for each one written after its data were seen,
-    what the rules before it give (`gave`: the table's reading by the name in `gave:`)."""
-    gave = gave or {}
+    are, then each version in a sentence (version_said)."""
     out = ["## Rules and their history", "",
            f"The rules are data in `experiments/{rules.name}/rules.yaml` (thresholds and words); "
            "bnlab/lab/judge.py applies them. Versions, oldest first:", ""]
     for v in rules.versions:
-        when = ("after some of its data were seen" if v.get("seen")
-                else "before any of the runs it judges")
-        line = f"Version {v['version']} (commit {v['commit']}, written {when}): {v['change']}."
-        if v.get("verdicts") is False:
-            line += " It moves no verdict."
-        elif v.get("seen"):
-            line += (f" Without it the rules give: {gave[v['gave']]}." if v.get("gave") in gave
-                     else " What the rules before it would give is not computed here.")
-        out += [line, ""]
+        out += [version_said(v, gave or {}), ""]
     return out
+
+
+def disclosure(rules: Rules, gave: dict[str, str | None] | None = None) -> str:
+    """The disclosure a verdict's reasons end with, the same for every table: each version
+    written after its data were seen (version_said), less those whose `gave` reading is None
+    for these data (the change does not touch them); "" where none is left."""
+    gave = gave or {}
+    late = [v for v in rules.versions if v.get("seen")
+            and not (v.get("gave") and v["gave"] in gave and gave[v["gave"]] is None)]
+    return "" if not late else " Disclosed: " + " ".join(version_said(v, gave) for v in late)
+
+
+def said(rules: Rules, *keys: str) -> str:
+    """Thresholds in words: 'steady 1.5, separated 0.05 (experiments/lr/rules.yaml)'."""
+    return (", ".join(f"{k} {rules[k]:g}" if isinstance(rules[k], float | int) else
+                      f"{k} {rules[k]}" for k in keys)
+            + f" (experiments/{rules.name}/rules.yaml)")
 
 
 def mark(rules: Rules) -> str:

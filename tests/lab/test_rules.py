@@ -86,3 +86,20 @@ def test_each_settled_page_tells_its_history_from_its_rules():
         assert "## Rules and their history" in page, name
         for v in rules.read(name).versions:
             assert f"Version {v['version']} (commit {v['commit']}" in page, (name, v)
+
+
+def test_a_verdict_s_disclosure_is_generated_from_the_versions(tmp_path):
+    r = write(tmp_path, "t", {"thresholds": {"steady": 1.5, "min_seeds": 3}, "versions": [
+        {"version": 1, "commit": "abcdef0", "seen": False, "change": "first rules"},
+        {"version": "added", "commit": "1234567", "seen": True, "gave": "old",
+         "change": "a rate added"},
+        {"version": 2, "commit": "7654321", "seen": True, "verdicts": False,
+         "change": "a clause"}]})
+    told = rules.disclosure(r, {"old": "untestable"})
+    assert told == (" Disclosed: Version added (commit 1234567, written after some of its data "
+                    "were seen): a rate added. Without it the rules give: untestable. Version 2 "
+                    "(commit 7654321, written after some of its data were seen): a clause. It "
+                    "moves no verdict.")
+    assert "Version added" not in rules.disclosure(r, {"old": None})  # not these data's
+    assert rules.said(r, "steady", "min_seeds") == \
+        "steady 1.5, min_seeds 3 (experiments/t/rules.yaml)"

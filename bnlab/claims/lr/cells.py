@@ -16,6 +16,7 @@ NORMS = ("bn", "syncbn")
 MIN_SEEDS = RULES["min_seeds"]        # seeds each cell needs before a rule applies
 STEADY = RULES["steady"]              # the control is steady at most this x its churn floor
 FLOOR_RATIO = RULES["floor_ratio"]    # bn's jitter above this x its churn floor: it moves
+REPRODUCED = RULES["reproduced_ratio"]  # C1: bn's jitter at least this x syncbn's
 SURVIVES = RULES["survives"]          # C4: the effect survives at another rate at this ratio
 LEARNED = RULES["learned"]
 SEPARATED = RULES["separated"]

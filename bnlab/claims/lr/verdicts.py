@@ -8,9 +8,10 @@ from bnlab.claims.lr.cells import (
     LEARNED,
     MIN_SEEDS,
     PENDING,
+    REPRODUCED,
+    RULES,
     RUNS_TO_COME,
     SEPARATED,
-    STEADY,
     SURVIVES,
     cell,
     chosen,
@@ -26,7 +27,7 @@ from bnlab.claims.lr.cells import (
     vals,
     without_added,
 )
-from bnlab.lab import table
+from bnlab.lab import rules, table
 from bnlab.lab.results import fmt
 from bnlab.lab.table import RunsData, Verdict
 
@@ -38,37 +39,27 @@ def outcome(c: dict) -> str:
         return "untestable"
     if c["p"] is None or c["p"] > SEPARATED:
         return "not reproduced"
-    return "reproduced" if c["ratio"] >= 2 and (c["over"] or 0) >= FLOOR_RATIO else "partly"
+    return "reproduced" if c["ratio"] >= REPRODUCED and (c["over"] or 0) >= FLOOR_RATIO \
+        else "partly"
 
 
-RULE_C1 = (f"Control check: syncbn must learn and its plateau jitter be at most {STEADY:g}x its "
-           "own churn floor, else the rate is untestable. Ruled at the pilot's chosen rate, or "
-           "at the steady rate nearest it on a log scale (the smaller of two equally near). "
-           "There: bn's jitter (von Neumann sd) separated above "
-           f"syncbn's (exact one-sided permutation test, p <= {SEPARATED}) and >= 2x it, with "
-           f"bn >= {FLOOR_RATIO:g}x its churn floor: reproduced; separated, under 2x or under that "
-           "floor: partly; not separated: not reproduced (indistinguishable); bn below "
-           f"{LEARNED:g}% on the plateau, or fewer than {MIN_SEEDS} of its seeds left after "
-           "divergence: untestable (this clause was added after some of the runs were seen; "
-           "no bn run has diverged, so it changes no verdict). Effect size: the ratio of mean "
-           "jitters with a 95% bootstrap interval over seeds.")
+RULE_C1 = (f"Rule: {RULES.words('rules', 'control')}. {RULES.words('rules', 'C1')}. Effect "
+           "size: the ratio of mean jitters with a 95% bootstrap interval over seeds. "
+           "Thresholds: " + rules.said(RULES, "steady", "learned", "separated",
+                                       "reproduced_ratio", "floor_ratio", "min_seeds") + ".")
 
 
-def disclosure(d: RunsData, lr: float | None) -> tuple[str, str]:
-    """Where C1 is ruled at a rate added to the spec after other rates' runs were seen: that,
-    with what the rule gives on the spec's first rates alone, for its reasons and in a few
-    words ("", "" elsewhere)."""
+def disclosure(d: RunsData, lr: float | None) -> str:
+    """The rules' versions written after their data were seen (bnlab.lab.rules.disclosure),
+    with what the rule gives on the spec's first rates alone where C1 is ruled at a rate added
+    after other rates' runs were seen (that version left out elsewhere)."""
     c = cell(d, "syncbn", lr) if lr is not None else None
-    if c is None or not c.cell.meta.get("added_later"):
-        return "", ""
-    first = without_added(d)
-    old = c1_parts(first)[0]
-    return (f" Disclosed: lr {lr:g} was added to the spec after some runs at other rates had "
-            "been seen, as a fallback should the quarter rate's control fail its check (before "
-            "any of its own runs; experiments/lr/sweep.yaml says when); on the spec's first "
-            f"rates alone ({', '.join(f'{r:g}' for r in rates(first))}) this rule gives: "
-            f"{old}{seeds_to_come(first, rates(first))}.",
-            f" [a rate added after others were seen; without it: {old}]")
+    old = None
+    if c is not None and c.cell.meta.get("added_later"):
+        first = without_added(d)
+        old = (f"on the spec's first rates alone ({', '.join(f'{r:g}' for r in rates(first))}) "
+               f"{c1_parts(first)[0]}{seeds_to_come(first, rates(first))}")
+    return rules.disclosure(RULES, {"first_rates": old})
 
 
 def c1_parts(d: RunsData) -> tuple[str, str, str, str]:
@@ -100,8 +91,7 @@ def c1_parts(d: RunsData) -> tuple[str, str, str, str]:
     glance = (f"jitter (von Neumann sd, not a swing) bn {mean(vals(bn)):.2f} vs syncbn "
               f"{mean(vals(cell(d, 'syncbn', lr))):.2f} pts, {c['ratio']:.2f}x (95% CI "
               f"{fmt(c['lo'], 2)} to {fmt(c['hi'], 2)}) at lr {lr:g}" + note)
-    told, _ = disclosure(d, lr)
-    return v, f"{c['text']}{note}; {why}", RULE_C1 + told, glance
+    return v, f"{c['text']}{note}; {why}", RULE_C1 + disclosure(d, lr), glance
 
 
 def c1(d: RunsData) -> Verdict:
@@ -123,15 +113,10 @@ def c3(d: RunsData) -> Verdict:
 def c4(d: RunsData) -> Verdict:
     base, _, _, _ = c1_parts(d)
     lr0 = ruling_rate(d)[0]
-    rule = (f"Rule: C1's effect must exist at its rate (reproduced or partly), else untestable; "
-            f"at every other rate whose control is steady the effect survives if bn's jitter is "
-            f"separated above syncbn's (p <= {SEPARATED}) and >= {SURVIVES:g}x it; reproduced if "
-            "it survives at every such rate, partly at some, not reproduced at none; a rate "
-            f"where fewer than {MIN_SEEDS} of bn's seeds are left after divergence does not "
-            "count (added after some runs were seen; none diverged, so it changes no verdict); "
-            "no other steady rate that counts: untestable. Augmentation and the "
-            "optimizer are not varied on this protocol (the short protocol's table-jitter has "
-            "them, as history).")
+    rule = (f"Rule: {RULES.words('rules', 'C4')}; a rate where fewer than min_seeds of bn's "
+            "seeds are left after divergence does not count. Thresholds: "
+            + rules.said(RULES, "separated", "survives", "min_seeds") + "."
+            + disclosure(d, lr0))
     parts, got, waiting, gone = [], [], False, 0
     for lr in (r for r in rates(d) if r != lr0):
         ctl, bn = steady(d, lr), cell(d, "bn", lr)
