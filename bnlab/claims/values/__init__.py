@@ -25,9 +25,6 @@ import math
 from bnlab.claims.values.cells import *  # noqa: F403 (the table's names, one namespace)
 from bnlab.claims.values.cells import (
     BIG,
-    BREAK,
-    HOLD_BOUND,
-    MIN_SEEDS,
     RULES,
     batch,
     control,
@@ -104,14 +101,11 @@ def render(d: RunsData) -> str:
            f"({v5_cells or 'no cell measured yet'}).", ""] if v5 else []),
         *([f"**On CUDA** (the same cells, the same rules; `make gpu-check`): {x}", ""]
           if (x := on_cuda(d)) else []),
-        f"Gap: the 1 x batch reference's plateau accuracy (1 x 8, or 1 x 16 for the global "
-        f"batch 16 cells) minus the cell's, paired on the seed, mean "
-        f"with a 95% t interval over seeds; breaks: gap >= {BREAK:g} points with the interval "
-        f"above 0; holds: gap under {BREAK:g} points with the interval under {HOLD_BOUND:g}; "
-        f"else unclear (and with fewer than {MIN_SEEDS} seed pairs); a cell that diverged on a "
-        "seed where its reference did not breaks, and every cell of a reference that diverged "
-        "is unclear. Jitter ratio: geometric mean over the seed pairs, 95% t interval on the log "
-        "ratios. Plateau: the second half of training. " + "".join(
+        f"Gap: {RULES.words('measure', 'gap')}. Breaks: {RULES.words('states', 'breaks')}; "
+        f"holds: {RULES.words('states', 'holds')}; unclear: "
+        f"{RULES.words('states', 'unclear')}. Jitter: {RULES.words('measure', 'jitter')}. "
+        "Thresholds: " + rules.said(RULES, "break_points", "hold_bound", "min_seeds") + ". "
+        "Plateau: the second half of training. " + "".join(
             f"The {r.cell.meta['input']} 1 x {batch(r)} reference normalizes {values(r)} values "
             "per channel "
             f"over {r.cell.meta['per_rank']} images, itself at risk by the doctor's thresholds: "
