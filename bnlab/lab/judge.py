@@ -14,6 +14,7 @@ what its claim makes of the result; the arithmetic and the states are here.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -24,8 +25,8 @@ from bnlab.lab.results import CellResult
 from bnlab.lab.rules import Rules
 from bnlab.lab.table import RunsData, complete
 
-__all__ = ["Control", "complete", "control_check", "first_seeds", "gap_state", "lost",
-           "mean", "paired", "ready", "shared", "vals"]
+__all__ = ["Control", "asks_more_seeds", "complete", "control_check", "first_seeds",
+           "gap_state", "lost", "mean", "paired", "ready", "shared", "vals"]
 
 
 def vals(c: CellResult | None, key: str = "vn_sd") -> list[float]:
@@ -150,3 +151,18 @@ def first_seeds(d: RunsData, n: int) -> RunsData:
                            runs=[r for r in c.runs if r.seed in keep],
                            expected=min(c.expected, len(keep))))
     return replace(d, cells=cut)
+
+
+def asks_more_seeds(d: RunsData, n: int, measure: Callable[[RunsData, CellResult], dict | None],
+                    reference: Callable[[RunsData, CellResult], CellResult]
+                    ) -> list[CellResult]:
+    """The seed extension: the cells that, on their first `n` seeds, are unclear on exactly
+    `n` seed pairs because their interval is too wide (not a divergence, not a missing count,
+    `measure`'s "why" empty), with their references (`reference`), as cells of `d`."""
+    first = first_seeds(d, n)
+    asked = set()
+    for c in first.cells:
+        m = measure(first, c)
+        if m is not None and m["state"] == "unclear" and not m["why"] and m["n"] == n:
+            asked |= {c.cell.label, reference(first, c).cell.label}
+    return [c for c in d.cells if c.cell.label in asked]

@@ -223,17 +223,9 @@ def first_seeds(d: RunsData) -> RunsData:
     return judge.first_seeds(d, MIN_SEEDS)
 
 
-def to_extend(d: RunsData, first: RunsData | None = None) -> list[CellResult]:
-    """The cells rule v4 gives more seeds, with their references, from their first seeds
-    (`first`: first_seeds(d), where the caller has it): unclear on exactly MIN_SEEDS pairs
-    because the interval is too wide."""
-    first = first or first_seeds(d)
-    asked = {}
-    for c in first.cells:
-        m = measure(first, c)
-        if m is not None and m["state"] == "unclear" and not m["why"] and m["n"] == MIN_SEEDS:
-            for x in (c, reference(first, c)):
-                asked[x.cell.label] = x
-    return [c for c in d.cells if c.cell.label in asked]
+def to_extend(d: RunsData) -> list[CellResult]:
+    """The cells rule v4 gives more seeds, with their references (bnlab.lab.judge's seed
+    extension): unclear on exactly MIN_SEEDS pairs because the interval is too wide."""
+    return judge.asks_more_seeds(d, MIN_SEEDS, measure, reference)
 
 

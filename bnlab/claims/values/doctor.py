@@ -196,7 +196,7 @@ def extension(d: RunsData) -> tuple[str, str]:
     ("", "") where no cell needs or has more."""
     have = [c for c in d.cells if len(c.cell.seeds) > MIN_SEEDS]
     first = first_seeds(d)
-    asked = to_extend(d, first)
+    asked = to_extend(d)
     if not have and not asked:
         return "", ""
     labels = {c.cell.label for c in asked}
