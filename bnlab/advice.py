@@ -13,22 +13,26 @@ TABLE = "make table-recover: experiments/recover/table.md"
 
 
 def said(entry: dict) -> str:
-    """'gn recovers 62% of BN's loss (95% CI 40 to 84)', or its state where no share."""
+    """'gn gets back 62% of BN's loss (95% CI 40 to 84): partly', or its state alone where it
+    has no share."""
     if entry.get("share") is None:
         return f"{entry['fix']}: {entry['state']}"
     ci = "" if entry.get("lo") is None else \
         f" (95% CI {100 * entry['lo']:.0f} to {100 * entry['hi']:.0f})"
-    return f"{entry['fix']} recovers {100 * entry['share']:.0f}% of BN's loss{ci}"
+    return (f"{entry['fix']} gets back {100 * entry['share']:.0f}% of BN's loss{ci}: "
+            f"{entry['state']}")
 
 
 def without_communication() -> str:
-    """The doctor's line on fixes that need no communication: the best one table-recover
+    """The doctor's line on fixes with no per-step communication (PreciseBN's all-reduce comes
+    once per recalibration): the best one table-recover
     measured at 4 ranks x 2, citing it; or that it has not been measured yet."""
     try:
         advice = json.loads(ADVICE.read_text())
-        line = f"without communication, at {advice['where']}: {said(advice['best_free'])}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return ("without communication: which fix recovers most at the break has not been "
+        line = (f"without per-step communication, at {advice['where']}: "
+                f"{said(advice['best_free'])}")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return ("without per-step communication: which fix recovers most at the break has not been "
                 f"measured yet ({TABLE}); the lines below are options, not yet ranked at the "
                 "break")
     return f"{line} ({TABLE})"

@@ -256,11 +256,13 @@ def recommend(layers: list[Layer], world: int, batch: int, min_values: int,
         tips.append(f"syncbn with --sync-group {k} ({k} ranks share statistics: every layer "
                     f"then sees {batch * k} samples, and the lowest, {low.name}, "
                     f"{low.per_rank * k} values per channel)")
-    else:
-        k = next((k for k in _divisors(world) if batch * k >= min_images), world)
+    elif (k := next((k for k in _divisors(world) if batch * k >= min_images), None)):
         tips.append(f"syncbn with --sync-group {k} gives {batch * k} samples per group, but "
                     f"{low.name} still gets {low.per_rank * k} values per channel (threshold "
                     f"{min_values}): no sync group reaches both")
+    elif world > 1:
+        tips.append(f"syncbn over all {world} ranks gives {batch * world} samples (threshold "
+                    f"{min_images}): no sync group reaches it")
     tips.append(without_communication())
     channels = [layer.channels for layer in bns]
     g = max((g for g in range(1, 33) if all(c % g == 0 for c in channels)), default=1)

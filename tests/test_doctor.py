@@ -33,7 +33,7 @@ def test_resnet50_at_8_by_2_is_at_risk_in_every_layer_and_syncbn_4_fixes_it(caps
     low = min(r["layers"], key=lambda layer: layer["per_rank"])
     assert low["per_rank"] == 2 * 7 * 7 and low["images"] == 2  # 7x7 in layer4 at 224
     assert r["recommendations"][0].startswith("syncbn with --sync-group 4 ")
-    assert r["recommendations"][1].startswith("without communication")
+    assert r["recommendations"][1].startswith("without per-step communication")
     assert "gn with groups=32" in r["recommendations"][2]
     code, r = _json(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
                     "--world", "8", "--batch-per-rank", "2", "--norm", "syncbn",
@@ -214,5 +214,15 @@ def test_the_fix_line_names_the_smallest_group_of_8_samples_and_cites_table_reco
     _, r = _json(capsys, "--model", "torchvision:resnet18", "--input", "3x32x32",
                  "--world", "4", "--batch-per-rank", "2")
     assert r["recommendations"][1] == (
-        "without communication, at 4 ranks x 2 on resnet20 (CIFAR-10): gn recovers 55% of BN's "
-        "loss (95% CI 40 to 70) (make table-recover: experiments/recover/table.md)")
+        "without per-step communication, at 4 ranks x 2 on resnet20 (CIFAR-10): gn gets back 55% "
+        "of BN's loss (95% CI 40 to 70): partly (make table-recover: experiments/recover/table.md)")
+
+
+def test_where_no_sync_group_reaches_8_samples_the_line_says_so(capsys):
+    """2 ranks x 2: no group of ranks reaches 8 samples; the line names that threshold, not
+    the values one (which resnet20's smallest layer clears)."""
+    _, r = _json(capsys, "--model", "bnlab:resnet20", "--world", "2", "--batch-per-rank", "2")
+    assert r["recommendations"][0] == ("syncbn over all 2 ranks gives 4 samples (threshold 8): "
+                                       "no sync group reaches it")
+    _, r = _json(capsys, "--model", "bnlab:resnet20", "--world", "1", "--batch-per-rank", "2")
+    assert r["recommendations"][0].startswith("without per-step communication")  # no sync line

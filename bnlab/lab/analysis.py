@@ -104,3 +104,18 @@ def mean_interval(xs: list[float]) -> tuple[float | None, float | None]:
     m, sd = float(np.mean(xs)), float(np.std(xs, ddof=1))
     half = T975.get(len(xs) - 1, 1.96) * sd / math.sqrt(len(xs))
     return m - half, m + half
+
+
+def diff_interval(a: list[float], b: list[float]) -> tuple[float | None, float | None]:
+    """A 95% Welch t interval for mean(a) - mean(b), two independent groups of seeds (the
+    degrees of freedom by Welch-Satterthwaite, rounded down); (None, None) with fewer than 2
+    values on a side."""
+    if len(a) < 2 or len(b) < 2:
+        return None, None
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return (float(np.mean(a) - np.mean(b)),) * 2
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    d, half = float(np.mean(a) - np.mean(b)), T975.get(int(df), 1.96) * se
+    return d - half, d + half

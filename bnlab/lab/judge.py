@@ -26,7 +26,7 @@ from bnlab.lab.rules import Rules
 from bnlab.lab.table import RunsData, complete
 
 __all__ = ["Control", "asks_more_seeds", "complete", "control_check", "first_seeds",
-           "gap_state", "lost", "mean", "paired", "ready", "shared", "vals"]
+           "gap_state", "lost", "mean", "paired", "ratio_of_means", "ready", "shared", "vals"]
 
 
 def vals(c: CellResult | None, key: str = "vn_sd") -> list[float]:
@@ -166,3 +166,20 @@ def asks_more_seeds(d: RunsData, n: int, measure: Callable[[RunsData, CellResult
         if m is not None and m["state"] == "unclear" and not m["why"] and m["n"] == n:
             asked |= {c.cell.label, reference(first, c).cell.label}
     return [c for c in d.cells if c.cell.label in asked]
+
+
+def ratio_of_means(num: list[float], den: list[float], draws: int = 10_000
+                   ) -> tuple[float, float | None, float | None]:
+    """mean(num) / mean(den) over paired seeds (num[i] and den[i] from seed i), with a 95%
+    percentile bootstrap interval that resamples seeds (a draw takes both of a seed's numbers)
+    from a fixed generator; nan where the denominator's mean is not positive, no interval under
+    2 seeds."""
+    a, b = np.asarray(num, float), np.asarray(den, float)
+    if len(a) == 0 or b.mean() <= 0:
+        return math.nan, None, None
+    if len(a) < 2:
+        return float(a.mean() / b.mean()), None, None
+    idx = np.random.default_rng(0).integers(0, len(a), (draws, len(a)))
+    sa, sb = a[idx].sum(1), b[idx].sum(1)
+    r = sa[sb > 0] / sb[sb > 0]
+    return float(a.mean() / b.mean()), float(np.quantile(r, 0.025)), float(np.quantile(r, 0.975))

@@ -142,7 +142,7 @@ def write_headline(path: Path, figures: list[str], verdicts: list[Verdict], stat
     replace_block(path, begin, end, "\n".join([
         begin, *(f"{i}. {f.line()}" for i, f in enumerate(findings, 1)), "",
         *(f"![{Path(f).stem}]({f})" for f in figures), "",
-        f"{status}The claims' verdicts" + (" (†: a rule written after its data were seen)"
-                                           if dagger else "")
+        f"{status}The claims' verdicts, from `make report`" + (
+            " (†: a rule written after its data were seen)" if dagger else "")
         + "; how each was measured: [experiments/README.md](experiments/README.md).", "",
         *rows, end]))

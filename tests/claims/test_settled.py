@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from bnlab.claims import fixes, lr, values
-from bnlab.lab import judge
 from bnlab.lab.plan import Cell, Spec
 from bnlab.lab.results import CellResult
 from bnlab.lab.table import Finding, RunsData
@@ -242,15 +241,16 @@ def test_the_readme_line_on_why_bn_jitters_carries_each_part_s_outcome(tmp_path)
     marks = lr.judged(d)[1]
     assert (marks["P1"], marks["P2"], marks["P3"]) == ("agrees", "agrees", "agrees")
     line = lr.finding(d)[1].text  # the README's sentence: P1's ratio with its interval
-    assert line.startswith("That extra jitter is the running statistics' sampling noise: at lr "
-                           "0.003125") and f"{marks['ratio'][0.003125]:.2f}x SyncBN's (95% CI " \
-        in line, line
+    assert line.startswith("BN's running statistics carry more of its variance than SyncBN's, "
+                           "as predicted: their part is ") and \
+        f"{marks['ratio'][0.003125]:.2f}x at 0.003125 (95% CI " in line, line
     # bn no noisier than syncbn at the low rate, and syncbn's part shrinking: all three fail
     d = lr_data(tmp_path / "no", {("syncbn", 0.003125): 1.0, ("bn", 0.003125): 1.0,
                                   ("syncbn", 0.1): 0.5, ("bn", 0.1): 1.0})
     marks = lr.judged(d)[1]
     assert (marks["P1"], marks["P2"], marks["P3"]) == ("disagrees", "disagrees", "disagrees")
-    assert lr.finding(d)[1].text.startswith("That extra jitter is not the running statistics'")
+    line = lr.finding(d)[1].text
+    assert "as predicted" not in line and line.endswith("against >= 2x predicted."), line
     lr.cell(d, "bn", 0.1).runs.pop()  # a seed still to come is said on the page
     assert any(ln.endswith("(so far: bn at lr 0.1: 4/5 seeds)") or "4/5" in ln
                for ln in lr.predictions(d)) or "4/5" in lr.seeds_to_come(d, lr.rates(d))
@@ -335,10 +335,11 @@ def test_c6_and_c9_are_ruled_on_the_fixes_spec_s_cells_where_their_control_is_st
     assert c9.verdict in ("reproduced", "partly") and "against syncbn" in c9.glance
     assert re.search(r"\(\w+\): gn / \w+ [\d.]+x \(95% interval [\d.]+ to [\d.]+\)", c9.ours)
     assert all(v.final for v in fixes.verdicts(d))  # every cell has all its seeds
-    f = fixes.finding(d)[0]  # the README's sentence: syncbn over bn, paired on the seed
-    gap = judge.paired(fixes.cell(d, "bn"), fixes.cell(d, "syncbn"))
-    assert f.text.startswith(f"SyncBN is the fix: at 4 x 2 it beats BN's plateau accuracy by "
-                             f"{gap['gap']:.1f} points (95% CI ") and f.table == "fixes"
+    f = fixes.finding(d)[0]  # the README's sentence: syncbn over bn, seeds not paired
+    g = fixes.over_bn(d, "syncbn")
+    assert f.text.startswith(f"At 4 x 2 and lr 0.0015625, SyncBN's plateau accuracy is "
+                             f"{abs(g[0]):.1f} points ") and f.table == "fixes"
+    assert f"(95% CI {g[1]:+.1f} to {g[2]:+.1f})" in f.text
     assert f"C6 {c6.verdict}" in f.text and f.mark.startswith(" [†](experiments/fixes/")
     d.cells[-1].runs.pop()  # a seed of the last cell still to come: none is final
     assert not any(v.final for v in fixes.verdicts(d))
@@ -626,8 +627,9 @@ def test_rule_v5_tests_the_doctor_at_8_images_and_leaves_the_batch_8_verdicts_al
     assert "**The doctor's thresholds at 8 images per rank** (global batch 16: 2 x 8 against " \
         "1 x 16, rule v5): **supported**" in values.render(d)
     assert values.finding(d)[1].text.startswith(
-        "At 8 images per rank BN held on resnet18 64 px and resnet20 and broke on resnet18 32 px "
-        "(5.0 points, 95% CI ") and ", as the doctor predicts" in values.finding(d)[1].text
+        "At 8 images per rank (global batch 16) BN held on resnet18 64 px and resnet20, broke on "
+        "resnet18 32 px (5.0 points, 95% CI ") and ", as the doctor says" in \
+        values.finding(d)[1].text
 
 
 def test_rule_v5_names_the_cells_the_doctor_gets_wrong_and_waits_for_its_runs(tmp_path):

@@ -30,6 +30,7 @@ from bnlab.claims.lr.cells import *  # noqa: F403 (the table's names, one namesp
 from bnlab.claims.lr.cells import (
     CLAIMED,
     NORMS,
+    REPRODUCED,
     RULES,
     cell,
     chosen,
@@ -170,25 +171,32 @@ def plot(d: RunsData, path: Path) -> None:
 
 
 
+SAID = {"partly": "holds only partly", "reproduced": "reproduces",
+        "not reproduced": "does not reproduce"}
+
+
 def finding(d: RunsData) -> list[Finding]:
-    """C1 in a sentence (the claimed swing against the jitter measured where the control is
-    steady), and why BN jitters (prediction.why)."""
+    """C1 in a sentence (the jitter measured where the control is steady, against the claimed
+    swing and the rule's bar), and why BN jitters (prediction.why)."""
     v, _, _, _ = c1_parts(d)
     lr = ruling_rate(d)[0]
     if lr is None or v in ("not run yet", "untestable"):
-        c1 = Finding(f"The claimed swing (C1: {CLAIMED}) is {v}: no rate where syncbn is steady "
-                     "has been ruled.", "lr", rules.mark(RULES), rank=3)
+        c1 = Finding(f"C1 (BN {CLAIMED.split(', ')[0].removeprefix('bn ')}, SyncBN "
+                     f"{CLAIMED.split(', ')[1].removeprefix('syncbn ')}) is {v}: no rate where "
+                     "SyncBN is steady has been ruled.", "lr", rules.mark(RULES), rank=3)
     else:
         c = contrast(d, lr)
+        steady_rates = [r for r in rates(d) if steady(d, r).ok]
+        only = (f"the only one of {len(rates(d))} rates" if len(steady_rates) == 1 else
+                f"one of {len(steady_rates)} of {len(rates(d))} rates")
         c1 = Finding(
-            "The claimed swing (±10 with BN, ±2 with SyncBN) holds only in part: at the one "
-            f"rate of {len(rates(d))} where SyncBN is steady, BN's jitter is {c['ratio']:.2f}x "
-            f"SyncBN's (95% CI {fmt(c['lo'], 2)} to {fmt(c['hi'], 2)}), not 5x." if v == "partly"
-            else
-            f"The claimed swing (C1: {CLAIMED}) is {v} at lr {lr:g}: BN's plateau jitter is "
-            f"{c['ratio']:.2f}x SyncBN's (95% CI {fmt(c['lo'], 2)} to {fmt(c['hi'], 2)}).",
-            "lr", rules.mark(RULES), rank=3)
-    return [c1, why(d)]
+            f"C1 (BN {CLAIMED.split(', ')[0].removeprefix('bn ')}, SyncBN "
+            f"{CLAIMED.split(', ')[1].removeprefix('syncbn ')}) {SAID.get(v, v)}: BN's plateau "
+            "jitter "
+            f"(von Neumann sd) is {c['ratio']:.2f}x SyncBN's (95% CI {fmt(c['lo'], 2)} to "
+            f"{fmt(c['hi'], 2)}) at lr {lr:g}, {only} where SyncBN is steady; the rule's bar "
+            f"is {REPRODUCED:g}x.", "lr", rules.mark(RULES), rank=3)
+    return [c1, why(d, lr)]
 
 
 TABLE = table.Table("lr", ("C1", "C3", "C4"), table.runs_data, render, verdicts, plot,

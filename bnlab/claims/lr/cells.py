@@ -18,6 +18,8 @@ STEADY = RULES["steady"]              # the control is steady at most this x its
 FLOOR_RATIO = RULES["floor_ratio"]    # bn's jitter above this x its churn floor: it moves
 REPRODUCED = RULES["reproduced_ratio"]  # C1: bn's jitter at least this x syncbn's
 SURVIVES = RULES["survives"]          # C4: the effect survives at another rate at this ratio
+P1 = RULES["p1_ratio"]                # the prediction: bn's statistics part >= this x syncbn's
+PREDICTED = RULES["predicted_ratio"]  # ...about this x, from the EMA's sampling noise
 LEARNED = RULES["learned"]
 SEPARATED = RULES["separated"]
 CLAIMED = "bn ±10, syncbn ±2"

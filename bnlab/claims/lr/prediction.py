@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from bnlab.claims.lr.cells import MIN_SEEDS, NORMS, cell, mean, rates, ready
+from bnlab.claims.lr.cells import MIN_SEEDS, NORMS, P1, PREDICTED, cell, mean, rates, ready
 from bnlab.lab.analysis import ratio_interval
 from bnlab.lab.results import CellResult, fmt, split
 from bnlab.lab.table import Finding, RunsData
@@ -74,12 +74,12 @@ def judged(d: RunsData) -> tuple[list[str], dict]:
              "P3": "agrees" if sb[hi] > sb[lo] else "disagrees",
              "judged at": rs, "ratio": ratio, "syncbn": sb, "so far": so_far}
     if lowest in rs:
-        marks["P1"] = "agrees" if ratio[lowest] >= 2 else "disagrees"
-    p1 = (f"{ratio[lowest]:.2f}x: {marks['P1']}."
+        marks["P1"] = "agrees" if ratio[lowest] >= P1 else "disagrees"
+    p1 = (f"{ratio[lowest]:.2f}x ({interval(d, lowest)}): {marks['P1']}."
           if lowest in rs else "its seeds are still to come." if lowest in coming else
           "too few of its seeds left after divergence: not checked.")
-    out = [f"- P1, bn's statistics part >= 2x syncbn's at the lowest rate ({lowest:g}; about 4x "
-           f"predicted): {p1}",
+    out = [f"- P1, bn's statistics part >= {P1:g}x syncbn's at the lowest rate ({lowest:g}; about "
+           f"{PREDICTED:g}x predicted): {p1}",
            f"- P2, that ratio falls as the rate rises: "
            f"{', '.join(f'{ratio[lr]:.2f}x at {lr:g}' for lr in rs)}: "
            f"{marks['P2']}{so_far}.",
@@ -90,28 +90,37 @@ def judged(d: RunsData) -> tuple[list[str], dict]:
     late = [lr for lr in done if lr not in rs]
     if late:
         out.append("- Rates added after the prediction (not judged by it): "
-                   + ", ".join(f"{lr:g}: bn / syncbn statistics part {ratio[lr]:.2f}x, syncbn's "
-                               f"{sb[lr]:.2f} points²" for lr in late) + ".")
+                   + ", ".join(f"{lr:g}: bn / syncbn statistics part {ratio[lr]:.2f}x "
+                               f"({interval(d, lr)}), syncbn's {sb[lr]:.2f} points²"
+                               for lr in late) + ".")
         out += fit_line(d, done, "The same fit with them")
     return out, marks
 
 
-def why(d: RunsData) -> Finding:
-    """Why BN jitters, in a sentence: the measured ratio of the statistics parts at the lowest
-    rate the prediction was written for (P1), with its bootstrap interval, against the 4x
-    predicted."""
+def interval(d: RunsData, lr: float) -> str:
+    """'95% CI 0.92 to 1.68': the bootstrap interval of bn's over syncbn's statistics part."""
+    lo, hi = ratio_interval(*(parts(cell(d, n, lr), "statistics") for n in NORMS))
+    return f"95% CI {fmt(lo, 2)} to {fmt(hi, 2)}"
+
+
+def why(d: RunsData, ruled: float | None = None) -> Finding:
+    """Why BN jitters, in a sentence: bn's over syncbn's statistics part at the lowest rate the
+    prediction was written for (P1's test) and at `ruled` (C1's rate, where it differs), with
+    their bootstrap intervals, against P1's bound."""
     m = judged(d)[1]
     if "P1" not in m:
         return Finding("Why BN jitters (the prediction written before table-lr's runs): its "
                        "runs are still to come.", "lr", rank=4)
-    low = predicted_rates(d)[0]
-    bn, sb = (parts(cell(d, n, low), "statistics") for n in NORMS)
-    lo, hi = ratio_interval(bn, sb)
-    verb = "is" if m["P1"] == "agrees" else "is not"
+    low, ratio = predicted_rates(d)[0], m["ratio"]
+    also = (f"{ratio[ruled]:.2f}x SyncBN's at lr {ruled:g} ({interval(d, ruled)}) and "
+            if ruled is not None and ruled != low and ruled in ratio else "")
+    head = ("BN's running statistics carry more of its variance than SyncBN's, "
+            + ("as predicted" if m["P1"] == "agrees" else "but less than predicted")
+            if also or ratio[low] > 1 else "BN's running statistics carry no more of its "
+            "variance than SyncBN's")
     return Finding(
-        f"That extra jitter {verb} the running statistics' sampling noise: at lr {low:g} their "
-        f"variance part is {m['ratio'][low]:.2f}x SyncBN's (95% CI {fmt(lo, 2)} to "
-        f"{fmt(hi, 2)}), against 4x predicted.", "lr", rank=4)
+        f"{head}: their part is {also}{ratio[low]:.2f}x at {low:g} ({interval(d, low)}), "
+        f"against >= {P1:g}x predicted.", "lr", rank=4)
 
 
 def fit_line(d: RunsData, among: list[float], what: str) -> list[str]:
@@ -120,6 +129,6 @@ def fit_line(d: RunsData, among: list[float], what: str) -> list[str]:
         return []
     rel = f["a_bn"] / f["a_syncbn"] if f["a_syncbn"] > 0 else math.nan
     return [f"- {what} to the {f['n']} cell means: a_bn {f['a_bn']:.2f}, a_syncbn "
-            f"{f['a_syncbn']:.2f} points² (a_bn / a_syncbn {rel:.1f}; 4 predicted), "
+            f"{f['a_syncbn']:.2f} points² (a_bn / a_syncbn {rel:.1f}; {PREDICTED:g} predicted), "
             f"b {f['b']:.0f} points² per lr²."]
 

@@ -133,14 +133,14 @@ def verdicts(d: RunsData) -> list[Verdict]:
 
 
 def below(ms: list[dict]) -> str:
-    """'; below 8 it flags all 7 cells, 6 of which broke' where the doctor flags a holding
-    batch-8 cell ("" where its thresholds are right there)."""
-    flags = [m for m in ms if doctor_flags(m)]
-    if not any(m["state"] == "holds" for m in flags):
-        return ""
-    broke = sum(m["state"] == "breaks" for m in flags)
-    return (f"; below {MIN_IMAGES} it flags {'all ' if len(flags) == len(ms) else ''}"
-            f"{len(flags)} cells, {broke} of which broke")
+    """'; at batch 8 it flags a holding cell' where the doctor's thresholds are not supported
+    at global batch 8 ("" where they are)."""
+    held = sum(m["state"] == "holds" and doctor_flags(m) for m in ms)
+    missed = sum(m["state"] == "breaks" and not doctor_flags(m) for m in ms)
+    said = [f"flags {'a' if held == 1 else held} holding cell{'s' * (held > 1)}" if held else "",
+            f"misses {'a' if missed == 1 else missed} breaking cell{'s' * (missed > 1)}"
+            if missed else ""]
+    return "; at batch 8 it " + " and ".join(x for x in said if x) if held or missed else ""
 
 
 def finding(d: RunsData) -> list[Finding]:
@@ -159,11 +159,11 @@ def finding(d: RunsData) -> list[Finding]:
             for n, cs in sorted(levels.items()) if n not in every]
     two = sorted(levels.get(2, []), key=lambda m: m["gap"])
     head = (f"BN breaks at {' or '.join(map(str, every))} image{'s' * (every != [1])} per "
-            "rank on every input tried" if every else "BN breaks on no input at every level")
+            "rank on every input tried" if every else "BN breaks at no level on every input")
     text = head + (f", {', '.join(some)}" if some else "") + (
         f": at 4 x 2 it loses {two[0]['gap']:.1f} (95% CI {fmt(two[0]['lo'])} to "
-        f"{fmt(two[0]['hi'])}) to {two[-1]['gap']:.1f} ({fmt(two[-1]['lo'])} to "
-        f"{fmt(two[-1]['hi'])}) points to one rank of 8" if len(two) > 1 else "") + "."
+        f"{fmt(two[0]['hi'])}) to {two[-1]['gap']:.1f} points vs 1 x 8" if len(two) > 1
+        else "") + "."
     out = [Finding(text, "values", rules.mark(RULES), rank=1)]
     big = read(d, BIG)
     if big is not None:
@@ -171,11 +171,12 @@ def finding(d: RunsData) -> list[Finding]:
         held = [m["input"] for m in big if m["state"] == "holds"]
         verdict = rule_v5(d)[0]
         out.append(Finding(
-            f"At {images(BIG // 2)} per rank BN held on {' and '.join(held) or 'no input'}"
-            + "".join(f" and broke on {m['input']} ({m['gap']:.1f} points, 95% CI "
+            f"At {images(BIG // 2)} per rank (global batch {BIG}) BN held on "
+            f"{' and '.join(held) or 'no input'}"
+            + "".join(f", broke on {m['input']} ({m['gap']:.1f} points, 95% CI "
                       f"{fmt(m['lo'])} to {fmt(m['hi'])})" for m in broke)
-            + (", as the doctor predicts" if verdict == "supported" else
-               f"; the doctor's thresholds there: {verdict}") + below(ms) + ".", "values",
+            + (", as the doctor says" if verdict == "supported" else
+               f": the doctor's thresholds there: {verdict}") + below(ms) + ".", "values",
             rules.mark(RULES), rank=5))
     return out
 
