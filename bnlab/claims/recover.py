@@ -1,6 +1,7 @@
 """`make table-recover`: what to use instead of BN at the break. Every fix at 4 ranks x 2
-images, each at the rate (and setting) its pilot chose on held-out data, against the input's
-1 x 8 BN reference and bn at 4 x 2 itself, paired on the seed.
+images on resnet20 and on resnet18 at 32 px, each at the rate (and setting) resnet20's pilot
+chose on held-out data, against the input's 1 x 8 BN reference and bn at 4 x 2 itself, paired
+on the seed.
 
     python -m bnlab.claims recover-spec                # experiments/recover/sweep.yaml from
                                                        # the pilot's choices (once all are made)
@@ -35,12 +36,22 @@ RULES = rules.read("recover")
 SPEC = EXPERIMENTS / "recover" / "sweep.yaml"
 MIN_SEEDS = RULES["min_seeds"]
 SEEDS = list(range(MIN_SEEDS))
-# The protocol: table-values' resnet20 cells, overrides as there (so its runs are reused).
-BASE = ["model=resnet20", "dist.simulate=4", "batch_per_gpu=2", "epochs=10"]
-REFERENCE = ["model=resnet20", "norm=bn", "dist.simulate=1", "batch_per_gpu=8", "epochs=10",
-             "optim.lr=0.00625"]
-BN = ["model=resnet20", "norm=bn", "dist.simulate=4", "batch_per_gpu=2", "epochs=10",
-      "optim.lr=0.00625"]
+# The inputs (rules.yaml `cells`) and their model override; the 1 x 8 reference and bn at 4 x 2
+# are table-values' cells, overrides as there (so its runs are reused). Each fix runs at what
+# resnet20's pilot chose (experiments/recoverpilot/sweep.yaml: the 32 px pilot was dropped).
+INPUTS = {"resnet20": "model=resnet20", "resnet18 32 px": "model=resnet18"}
+FIRST = next(iter(INPUTS))
+
+
+def reference(model: str) -> list[str]:
+    return [model, "norm=bn", "dist.simulate=1", "batch_per_gpu=8", "epochs=10",
+            "optim.lr=0.00625"]
+
+
+def bn_at_the_break(model: str) -> list[str]:
+    return [model, "norm=bn", "dist.simulate=4", "batch_per_gpu=2", "epochs=10",
+            "optim.lr=0.00625"]
+
 PILOT_ONLY = ("data.holdout=", "eval_every=", "record.predictions=")  # the pilot's, not ours
 # no per-step communication (PreciseBN all-reduces once per recalibration)
 COMMUNICATION_FREE = ("gn", "ln", "evonorm", "brn", "precise", "frozen_bn")
@@ -58,13 +69,19 @@ def spec_cells(picks: dict[str, dict]) -> list[dict]:
         raise BnlabError(f"the pilot has not chosen every fix yet: {', '.join(open_)}; run "
                          "`make table-recoverpilot` until each is chosen (or add the rate its "
                          "edge rule asks for).")
-    cells = [{"label": "bn 1x8 (reference)", "fix": "reference", "overrides": REFERENCE},
-             {"label": "bn 4x2", "fix": "bn", "overrides": BN}]
-    for fix, p in picks.items():
-        c = p["cell"]
-        over = [o for o in c.cell.overrides if not o.startswith(PILOT_ONLY)]
-        cells.append({"label": f"{fix} lr {c.cell.meta['lr']:g}", "fix": fix,
-                      "lr": c.cell.meta["lr"], "pilot": c.cell.label, "overrides": over})
+    cells = []
+    for name, model in INPUTS.items():
+        cells += [{"label": f"{name}: bn 1x8 (reference)", "input": name, "fix": "reference",
+                   "overrides": reference(model)},
+                  {"label": f"{name}: bn 4x2", "input": name, "fix": "bn",
+                   "overrides": bn_at_the_break(model)}]
+        for fix, p in picks.items():
+            c = p["cell"]
+            over = [model if o == INPUTS[FIRST] else o for o in c.cell.overrides
+                    if not o.startswith(PILOT_ONLY)]
+            cells.append({"label": f"{name}: {fix} lr {c.cell.meta['lr']:g}", "input": name,
+                          "fix": fix, "lr": c.cell.meta["lr"], "pilot": c.cell.label,
+                          "overrides": over})
     return cells
 
 
@@ -74,10 +91,11 @@ def write_spec(path: Path = SPEC, data: str | None = None) -> int:
     d = table.runs_data(table.Context(recoverpilot.TABLE, data=data))
     picks = choose.choices(d.cells, choose.Rules.read(recoverpilot.RULES))
     text = "\n".join([
-        "# make table-recover: every fix at 4 ranks x 2 on resnet20 at the rate (and setting)",
-        "# its pilot chose on held-out data (experiments/recoverpilot; written from its choices",
-        "# by `python -m bnlab.claims recover-spec`), against the 1 x 8 reference and bn 4 x 2",
-        "# (table-values' runs, the same overrides), table-values' 10-epoch protocol, 5 seeds.",
+        "# make table-recover: every fix at 4 ranks x 2 on resnet20 and resnet18 at 32 px, at the",
+        "# rate (and setting) resnet20's pilot chose on held-out data (experiments/recoverpilot;",
+        "# written from its choices by `python -m bnlab.claims recover-spec`), against each",
+        "# input's 1 x 8 reference and bn 4 x 2 (table-values' runs, the same overrides), on",
+        "# table-values' 10-epoch protocol, 5 seeds.",
         yaml.safe_dump({"title": "What to use instead of BN at 4 ranks x 2: every fix at its "
                         "own held-out rate", "experiment": "headline", "seeds": SEEDS,
                         "jobs": 2, "cells": spec_cells(picks)}, sort_keys=False, width=100)])
@@ -109,8 +127,13 @@ def load(ctx: table.Context) -> Recover:
     return Recover(table.runs_data(ctx))
 
 
-def by_fix(d: RunsData, fix: str) -> CellResult | None:
-    return next((c for c in d.cells if c.cell.meta.get("fix") == fix), None)
+def where(c: CellResult) -> str:
+    """The cell's input (resnet20 where the spec names none)."""
+    return c.cell.meta.get("input", FIRST)
+
+
+def by_fix(d: RunsData, fix: str, on: str = FIRST) -> CellResult | None:
+    return next((c for c in d.cells if c.cell.meta.get("fix") == fix and where(c) == on), None)
 
 
 def per_seed(c: CellResult) -> dict[int, float]:
@@ -150,7 +173,7 @@ def state(g: dict, gain: dict, lost: bool) -> str:
 def measure(d: RunsData, c: CellResult) -> dict | None:
     """The fix against the reference and bn, over the seeds all three ended; None while any
     of their seeds is to come."""
-    ref, bn = by_fix(d, "reference"), by_fix(d, "bn")
+    ref, bn = by_fix(d, "reference", where(c)), by_fix(d, "bn", where(c))
     if ref is None or bn is None or not table.complete(c, ref, bn):
         return None
     g, gain, b = judge.paired(c, ref), judge.paired(bn, c), judge.paired(bn, ref)
@@ -212,8 +235,10 @@ def plot(data: Recover, path: Path) -> None:
         err = [[y - lo], [hi - y]] if lo is not None else None
         ax.errorbar([i], [y], yerr=err, fmt="o", capsize=3, color=f"C{i % 10}")
     if ms:
-        bn_loss = judge.paired(by_fix(d, "bn"), by_fix(d, "reference"))["gap"]
-        ax.axhline(bn_loss, color="C3", ls="--", lw=1, label=f"bn's loss ({bn_loss:.1f} pts)")
+        for i, on in enumerate(dict.fromkeys(where(c) for c, _ in ms)):
+            bn_loss = judge.paired(by_fix(d, "bn", on), by_fix(d, "reference", on))["gap"]
+            ax.axhline(bn_loss, color=f"C{3 + i}", ls="--", lw=1,
+                       label=f"bn's loss on {on} ({bn_loss:.1f} pts)")
         ax.axhline(0, color="grey", lw=1)
         ax.set_xticks(range(len(ms)), [c.cell.label for c, _ in ms], rotation=30, ha="right")
         ax.legend(fontsize=8)
@@ -222,21 +247,27 @@ def plot(data: Recover, path: Path) -> None:
     ax.set(ylabel="plateau accuracy over bn 4 x 2 (points)",
            title="each fix's gain over bn (dashed: bn's loss)" if ms else "")
     ax.grid(alpha=0.3)
-    save(fig, path, "What to use instead of BN at 4 ranks x 2 (resnet20)")
+    save(fig, path, "What to use instead of BN at 4 ranks x 2")
 
 
 def verdicts(data: Recover) -> list[Verdict]:
     return []  # no claim under test: a ranking of fixes, stated on its page
 
 
+def on_first(data: Recover) -> dict[str, dict] | None:
+    """Each fix measured on the first input (resnet20), by fix; None until all are."""
+    d = data.runs
+    fixes = [] if d is None else [c for c in d.cells if where(c) == FIRST
+                                  and c.cell.meta.get("fix") not in ("reference", "bn")]
+    ms = {c.cell.meta["fix"]: measure(d, c) for c in fixes}
+    return None if not ms or any(m is None for m in ms.values()) else ms
+
+
 def finding(data: Recover) -> list[Finding]:
     """The best fix and the best communication-free one, in a sentence (none until every cell
     has its seeds)."""
-    d = data.runs
-    fixes = [] if d is None else [c for c in d.cells
-                                  if c.cell.meta.get("fix") not in ("reference", "bn")]
-    ms = {c.cell.meta["fix"]: measure(d, c) for c in fixes}
-    if not ms or any(m is None for m in ms.values()):
+    ms = on_first(data)
+    if ms is None:
         return []
     best = max(ms, key=lambda f: ms[f]["gain"]["gap"])
     free = max((f for f in ms if f in COMMUNICATION_FREE), key=lambda f: ms[f]["gain"]["gap"],
@@ -247,7 +278,7 @@ def finding(data: Recover) -> list[Finding]:
         return (f"{f} gets back {100 * s[0]:.0f}% of BN's loss (95% CI {fmt(pct(s[1]), 0)} "
                 f"to {fmt(pct(s[2]), 0)}): {ms[f]['state']}" if math.isfinite(s[0])
                 else f"{f}: {ms[f]['state']}")
-    return [Finding(f"At 4 x 2 on resnet20: {said(best)}" + (
+    return [Finding(f"At 4 x 2 on {FIRST}: {said(best)}" + (
         f"; without per-step communication, {said(free)}" if free and free != best else "")
         + ".",
         "recover", rules.mark(RULES), rank=2)]
@@ -257,11 +288,8 @@ def advice(data: Recover, out: Path) -> None:
     """advice.json for the doctor's fix line (bnlab.advice): the best fix and the best one
     without communication, with their shares, once every cell has its seeds; removed before."""
     path = out / "advice.json"
-    d = data.runs
-    fixes = [] if d is None else [c for c in d.cells
-                                  if c.cell.meta.get("fix") not in ("reference", "bn")]
-    ms = {c.cell.meta["fix"]: measure(d, c) for c in fixes}
-    if not ms or any(m is None for m in ms.values()):
+    ms = on_first(data)
+    if ms is None:
         path.unlink(missing_ok=True)
         return
 
@@ -271,7 +299,7 @@ def advice(data: Recover, out: Path) -> None:
                 **({"share": s[0], "lo": s[1], "hi": s[2]} if math.isfinite(s[0]) else {})}
     free = [f for f in ms if f in COMMUNICATION_FREE]
     table.save_results(path, {
-        "where": "4 ranks x 2 on resnet20 (CIFAR-10)",
+        "where": f"4 ranks x 2 on {FIRST} (CIFAR-10)",
         "best": entry(max(ms, key=lambda f: ms[f]["gain"]["gap"])),
         "best_free": entry(max(free, key=lambda f: ms[f]["gain"]["gap"])) if free else None})
 

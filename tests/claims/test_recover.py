@@ -8,12 +8,14 @@ import json
 
 import numpy as np
 import pytest
+import yaml
 
 from bnlab.claims import recover
 from bnlab.errors import BnlabError
 from bnlab.lab.plan import Cell, Spec
 from bnlab.lab.results import CellResult
 from bnlab.lab.table import RunsData
+from bnlab.paths import EXPERIMENTS
 from conftest import fake_headline_run
 
 # per fix its plateau level; ln's moves about bn's from seed to seed (no gain on average)
@@ -84,10 +86,16 @@ def test_the_spec_takes_each_chosen_cell_less_the_pilot_s_held_out_split():
                                    "record.predictions=false"], [0, 1], cfg={},
                  meta={"fix": "gn", "lr": 0.00625})
     cells = recover.spec_cells({"gn": {"state": "chosen", "cell": CellResult(pilot, [], 2)}})
-    assert [c["fix"] for c in cells] == ["reference", "bn", "gn"]
+    assert [(c["input"], c["fix"]) for c in cells] == [
+        ("resnet20", "reference"), ("resnet20", "bn"), ("resnet20", "gn"),
+        ("resnet18 32 px", "reference"), ("resnet18 32 px", "bn"), ("resnet18 32 px", "gn")]
     assert cells[2]["overrides"] == ["norm=gn", "norm.cap_groups=true", "optim.lr=0.00625",
                                      "model=resnet20"]
-    assert cells[0]["overrides"] == recover.REFERENCE  # table-values' runs, reused
+    assert cells[5]["overrides"] == ["norm=gn", "norm.cap_groups=true", "optim.lr=0.00625",
+                                     "model=resnet18"]  # resnet20's choice on the other input
+    values = yaml.safe_load((EXPERIMENTS / "values" / "sweep.yaml").read_text())["cells"]
+    for c in (cells[0], cells[1], cells[3], cells[4]):  # table-values' runs, reused
+        assert any(v["overrides"] == c["overrides"] for v in values), c["label"]
     with pytest.raises(BnlabError, match="has not chosen every fix yet: brn \\(undecided\\)"):
         recover.spec_cells({"gn": {"state": "chosen", "cell": CellResult(pilot, [], 2)},
                             "brn": {"state": "undecided", "cell": None}})
