@@ -239,24 +239,23 @@ def _layer_group(m: nn.Module, world: int, sync_group: int, norm: str | None) ->
 
 def recommend(layers: list[Layer], world: int, batch: int, min_values: int,
               min_images: int) -> list[str]:
-    """The fixes, with numbers: the sync group that reaches both thresholds, GN groups that
-    divide every BN layer's channels, the per-rank batch that would do it alone."""
+    """The fixes, with numbers: the smallest sync group reaching both thresholds (or 8 samples),
+    table-recover's best fix without communication, GN groups, the per-rank batch alone."""
     bns = [layer for layer in layers if layer.batch_dependent]
     if not bns:
         return []
     low = min(bns, key=lambda layer: layer.per_rank)
     spatial = low.per_rank // batch
-
-    def enough(k: int) -> bool:
-        return low.per_rank * k >= min_values and batch * k >= min_images
-
+    samples = [k for k in _divisors(world) if batch * k >= min_images]  # smallest first
+    both = [k for k in samples if low.per_rank * k >= min_values]
     tips = []
-    k = next((k for k in _divisors(world) if enough(k)), None)
-    if k is not None:
+    if both:
+        k = both[0]
         tips.append(f"syncbn with --sync-group {k} ({k} ranks share statistics: every layer "
                     f"then sees {batch * k} samples, and the lowest, {low.name}, "
                     f"{low.per_rank * k} values per channel)")
-    elif (k := next((k for k in _divisors(world) if batch * k >= min_images), None)):
+    elif samples:
+        k = samples[0]
         tips.append(f"syncbn with --sync-group {k} gives {batch * k} samples per group, but "
                     f"{low.name} still gets {low.per_rank * k} values per channel (threshold "
                     f"{min_values}): no sync group reaches both")
