@@ -43,7 +43,8 @@ def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]]) ->
     against the budget."""
     if not any(t.claims for t, _ in built):
         return  # history: tables kept for their numbers, whose claims are ruled elsewhere
-    verdicts = sorted((v for t, d in built for v in t.verdicts(d)), key=claim_order)
+    ruled = [(t, v) for t, d in built for v in t.verdicts(d)]  # each table's rules run once
+    verdicts = sorted((v for _, v in ruled), key=claim_order)
     begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
     sweeps = [d for _, d in built if isinstance(d, RunsData)]
     if not sweeps:
@@ -97,8 +98,7 @@ def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]]) ->
             all(d.root.resolve() == RUNS.resolve() for d in sweeps):  # the committed runs
         found = sorted((f for t, d in built if t.finding for f in t.finding(d)),
                        key=lambda f: f.rank)  # each read once
-        marks = {v.claim: rules.mark(rules.read(t.rules)) for t, d in built if t.rules
-                 for v in t.verdicts(d)}
+        marks = {v.claim: rules.mark(rules.read(t.rules)) for t, v in ruled if t.rules}
         write_headline(ROOT / "README.md", figures, verdicts, status, tuple(found), marks)
         write_json(HEADLINE, verdicts, status, tuple(found))
 
