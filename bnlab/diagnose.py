@@ -37,9 +37,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
 from bnlab import doctor
-from bnlab.diagnostics import divergence, ghost_batch_norm
+from bnlab.diagnostics import divergence, on_batch_statistics
 from bnlab.errors import BnlabError
-from bnlab.precise_bn import ESTIMATORS, precise_bn
+from bnlab.precise_bn import ESTIMATORS, precise_bn, set_running_stats
 
 EPS = 1e-5
 THRESHOLD = 1.0  # points of the metric: above this cost, the statistics are a problem
@@ -71,6 +71,7 @@ class Diagnosis:
     world: int = 1
     threshold: float = THRESHOLD
     metric: str = "top-1 accuracy (%)"
+    by_rank: list[float] = field(default_factory=list)  # per_rank: each rank's, then their mean
 
     @property
     def cost(self) -> float:
@@ -115,6 +116,10 @@ class Diagnosis:
         if self.train_mode is not None:
             rows.append(f"| with each layer on {self.train_batch} samples' statistics (train "
                         f"mode) | {self.train_mode:.2f} |")
+        rows += [f"| with rank {r}'s running statistics | {v:.2f} |"
+                 for r, v in enumerate(self.by_rank[:-1])]
+        if self.by_rank:
+            rows.append(f"| with the ranks' statistics averaged | {self.by_rank[-1]:.2f} |")
         lines = [f"| evaluation | {self.metric} |", "|---|---|", *rows, "",
                  f"Statistics' cost (PreciseBN minus running): **{self.cost:+.2f}** points.", "",
                  "| layer | running mean off by (pop. sd) | running var off by (log) | at risk |",
@@ -183,41 +188,53 @@ def gaps(model: nn.Module, population: dict[str, tuple]) -> list[LayerGap]:
     return sorted(out, key=lambda g: -g.worst)
 
 
-def on_batch_statistics(model: nn.Module, batch: int) -> nn.Module:
-    """A copy whose BN layers normalize each run of `batch` consecutive samples by its own
-    statistics (running statistics untouched; the rest of the model stays in its mode)."""
+def ranks_of(model: nn.Module, ranks: list[dict] | None = None) -> list[dict]:
+    """Every rank's running statistics (per rank, layer -> (mean, var)): `ranks` where a
+    checkpoint kept them, else, under torchrun, gathered from every rank's model; else []."""
+    if ranks is not None:
+        return ranks
+    if not (tdist.is_initialized() and tdist.get_world_size() > 1):
+        return []
+    layers = bn_of(model)
+    flat = torch.cat([t.double() for bn in layers.values()
+                      for t in (bn.running_mean, bn.running_var)])
+    got = [torch.empty_like(flat) for _ in range(tdist.get_world_size())]
+    tdist.all_gather(got, flat)
+    out = []
+    for g in got:
+        i, per = 0, {}
+        for name, bn in layers.items():
+            c = bn.num_features
+            per[name], i = (g[i:i + c], g[i + c:i + 2 * c]), i + 2 * c
+        out.append(per)
+    return out
+
+
+def rank_spread(ranks: list[dict]) -> dict[str, float]:
+    """Per layer, the largest divergence of any rank's running statistics from rank 0's: max
+    over channels of |mean_r - mean_0| / sd_0 and |log var_r / var_0| (the trainer's own
+    measures, bn/div_mean and bn/div_logvar); {} for fewer than 2 ranks."""
+    if len(ranks) < 2:
+        return {}
+    div = divergence(ranks)
+    return {name: max(div[f"bn/div_mean/{name}"], div[f"bn/div_logvar/{name}"])
+            for name in ranks[0]}
+
+
+def with_statistics(model: nn.Module, stats: dict) -> nn.Module:
+    """A copy of `model` holding these running statistics (layer -> (mean, var): one rank's,
+    or their average) in the layers they name."""
     m = copy.deepcopy(model)
-    for bn in bn_of(m).values():
-        bn.forward = lambda x, bn=bn: ghost_batch_norm(bn, x, batch)
+    for name, bn in bn_of(m).items():
+        if name in stats:
+            set_running_stats(bn, *stats[name])
     return m
 
 
-def rank_spread(model: nn.Module, ranks: list[dict] | None = None
-                ) -> tuple[int, dict[str, float]]:
-    """(world, per layer the largest divergence of any rank's running statistics from rank
-    0's: max over channels of |mean_r - mean_0| / sd_0 and |log var_r / var_0|). The ranks'
-    statistics come from `ranks` (per rank, layer -> (mean, var), as a bnlab checkpoint keeps
-    them) or, under torchrun, from every rank's model."""
-    if ranks is None:
-        if not (tdist.is_initialized() and tdist.get_world_size() > 1):
-            return 1, {}
-        layers = bn_of(model)
-        flat = torch.cat([t.double() for bn in layers.values()
-                          for t in (bn.running_mean, bn.running_var)])
-        got = [torch.empty_like(flat) for _ in range(tdist.get_world_size())]
-        tdist.all_gather(got, flat)
-        ranks = []
-        for g in got:
-            i, per = 0, {}
-            for name, bn in layers.items():
-                c = bn.num_features
-                per[name], i = (g[i:i + c], g[i + c:i + 2 * c]), i + 2 * c
-            ranks.append(per)
-    if len(ranks) < 2:
-        return len(ranks), {}
-    div = divergence(ranks)  # the trainer's own measures (bn/div_mean, bn/div_logvar)
-    return len(ranks), {name: max(div[f"bn/div_mean/{name}"], div[f"bn/div_logvar/{name}"])
-                        for name in ranks[0]}
+def rank_average(ranks: list[dict]) -> dict:
+    """The ranks' running statistics averaged, layer by layer (mean and variance each)."""
+    return {n: tuple(torch.stack([r[n][i] for r in ranks]).mean(0) for i in (0, 1))
+            for n in ranks[0]}
 
 
 def risk(model: nn.Module, batch, input_fn: Callable, train_batch: int) -> dict:
@@ -247,7 +264,8 @@ def _second(batch):
 def diagnose(model: nn.Module, batches: Iterable, *, evaluate: Callable | None = None,
              num_samples: int = 4096, train_batch: int | None = None,
              input_fn: Callable = _first, target_fn: Callable = _second,
-             threshold: float = THRESHOLD, rank_stats: list[dict] | None = None) -> Diagnosis:
+             threshold: float = THRESHOLD, rank_stats: list[dict] | None = None,
+             per_rank: bool = False) -> Diagnosis:
     """How much `model`'s BN statistics cost on `batches` (see the module's docstring).
 
     `batches`: this rank's batches of (input, target) (or anything `input_fn` and `target_fn`
@@ -256,7 +274,8 @@ def diagnose(model: nn.Module, batches: Iterable, *, evaluate: Callable | None =
     copies in eval mode. `train_batch`: the per-rank batch the run trained with (adds the
     train-mode row and the doctor's rule). `rank_stats`: every rank's running statistics
     (per rank, layer -> (mean, var)) where a checkpoint kept them; under torchrun they are
-    gathered. The caller's model is left exactly as it was.
+    gathered. `per_rank`: also the metric with each rank's running statistics and with their
+    average (one evaluation per rank). The caller's model is left exactly as it was.
     """
     bare = model.module if isinstance(model, DistributedDataParallel) else model
     bn_of(bare)
@@ -287,9 +306,13 @@ def diagnose(model: nn.Module, batches: Iterable, *, evaluate: Callable | None =
             flagged = risk(bare, next(iter(data)), input_fn, train_batch)
             for g in layers:
                 g.at_risk = flagged.get(g.name)
-        world, ranks = rank_spread(bare, rank_stats)
-    return Diagnosis(running, precise, train_mode, train_batch, samples, layers, ranks, world,
-                     threshold)
+        ranks = ranks_of(bare, rank_stats)
+        by_rank = [_measure(with_statistics(bare, r), evaluate) for r in ranks] \
+            if per_rank and ranks else []
+        if by_rank:
+            by_rank.append(_measure(with_statistics(bare, rank_average(ranks)), evaluate))
+    return Diagnosis(running, precise, train_mode, train_batch, samples, layers,
+                     rank_spread(ranks), max(1, len(ranks)), threshold, by_rank=by_rank)
 
 
 def _measure(model: nn.Module, evaluate: Callable) -> float:

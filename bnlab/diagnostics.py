@@ -12,6 +12,7 @@ import torch
 import torch.distributed as tdist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from bnlab import dist
 from bnlab.batchnorm import RankBatchNorm
@@ -134,7 +135,7 @@ def batch_stats_copy(model: nn.Module) -> nn.Module:
     return m
 
 
-def ghost_batch_norm(bn: RankBatchNorm, x: torch.Tensor, group: int) -> torch.Tensor:
+def ghost_batch_norm(bn: _BatchNorm, x: torch.Tensor, group: int) -> torch.Tensor:
     """Train-mode BN with each run of `group` consecutive images normalized by its own
     statistics: what `x.split(group)` through the layer one batch at a time computes, in one
     kernel call (the groups laid side by side as channels). A last run shorter than `group`
@@ -154,6 +155,19 @@ def ghost_batch_norm(bn: RankBatchNorm, x: torch.Tensor, group: int) -> torch.Te
     return torch.cat(out) if len(out) > 1 else out[0]
 
 
+def on_batch_statistics(model: nn.Module, batch: int) -> nn.Module:
+    """A copy whose BN layers normalize each run of `batch` consecutive samples by its own
+    statistics (ghost_batch_norm; running statistics untouched), as training at `batch`
+    samples per rank computes it: a layer that training keeps in eval mode (frozen BN) keeps
+    its running statistics. The rest of the model stays in its mode. Used by
+    train_mode_accuracy (bnlab's runs) and bnlab.diagnose (any model)."""
+    m = copy.deepcopy(model)
+    for bn in m.modules():
+        if isinstance(bn, _BatchNorm) and not getattr(bn, "frozen", False):
+            bn.forward = lambda x, bn=bn: ghost_batch_norm(bn, x, batch)
+    return m
+
+
 @torch.no_grad()
 def train_mode_accuracy(model: nn.Module, data: Dataset, val, env: dist.DistEnv,
                         batch: int, preds: list | None = None,
@@ -162,11 +176,8 @@ def train_mode_accuracy(model: nn.Module, data: Dataset, val, env: dist.DistEnv,
     each run of `batch` consecutive images of this rank's share normalized by its own
     statistics, computed `eval_batch // batch` runs at a time (ghost_batch_norm). `preds`
     collects this rank's predicted classes (MISSING for a last image left alone)."""
-    m = batch_stats_copy(model)
+    m = on_batch_statistics(model, batch)
     m.train()
-    for _, bn in _bns(m):  # a layer kept in eval mode (frozen BN) keeps its own forward
-        bn.forward = lambda x, bn=bn, own=bn.forward: \
-            ghost_batch_norm(bn, x, batch) if bn.training else own(x)
     meter = Meter(env.device)
     per = max(batch, eval_batch // batch * batch)
     for x, y in val_batches(data, val, env.device, per, env.world, env.rank):

@@ -1,17 +1,16 @@
 """Evaluate a saved run's BN statistics (claims C7, C8, C10), or diagnose settings offline;
 and `python -m bnlab diagnose`, bnlab.diagnose's command, for any model or a bnlab run.
 
-For a checkpoint: eval-mode accuracy at several batch sizes (must not change), train-mode
-accuracy at several batch sizes (on a copy: a train-mode forward moves running statistics),
-accuracy with each rank's running statistics and their average (where the run kept them),
-and after PreciseBN with both estimators (bnlab.diagnose, which measures the same for any
-model). Printed as a table and written to eval.json.
+For a checkpoint: eval-mode accuracy at several batch sizes (must not change) and train-mode
+accuracy at several (the trainer's own measure, on a copy), then bnlab.diagnose, which
+measures the same for any model: accuracy with each rank's running statistics and their
+average (where the run kept them) and after PreciseBN with both estimators. Printed as a table
+and written to eval.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 from collections.abc import Callable
@@ -26,7 +25,6 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from bnlab import checkpoint, dist, doctor
-from bnlab.batchnorm import RankBatchNorm
 from bnlab.cli import imported
 from bnlab.data import Dataset, Split, TrainLoader, build_dataset
 from bnlab.diagnose import THRESHOLD, Diagnosis, accuracy
@@ -34,14 +32,8 @@ from bnlab.diagnose import diagnose as diagnose_model
 from bnlab.diagnostics import train_mode_accuracy
 from bnlab.errors import BnlabError
 from bnlab.net import build_net
-from bnlab.precise_bn import ESTIMATORS, set_running_stats
+from bnlab.precise_bn import ESTIMATORS
 from bnlab.validation import val_metrics
-
-
-def _load_rank_stats(model, stats: dict) -> None:
-    for name, m in model.named_modules():
-        if isinstance(m, RankBatchNorm) and name in stats:
-            set_running_stats(m, *stats[name])
 
 
 @dataclass
@@ -84,18 +76,13 @@ def _train_mode_acc(model, data, val, env, batch: int) -> float:
     return train_mode_accuracy(model, data, val, env, batch)["bn/train_mode/acc"]
 
 
-def _with_stats(model: nn.Module, stats: dict, acc: Callable) -> float:
-    """Val acc of a copy of `model` holding these running statistics (one rank's, or a mean)."""
-    m = copy.deepcopy(model)
-    _load_rank_stats(m, stats)
-    return acc(m)
-
-
-def _diagnosis(model: nn.Module, loader, steps: int, acc: Callable) -> Diagnosis:
+def _diagnosis(model: nn.Module, loader, steps: int, acc: Callable, ranks: list) -> Diagnosis:
     """bnlab.diagnose on the run's model: its training images (`steps` batches, unaugmented)
-    for PreciseBN, val acc as the metric."""
+    for PreciseBN, val acc as the metric, each rank's running statistics where the run kept
+    them."""
     images = list(loader.images(0, steps))
-    return diagnose_model(model, images, evaluate=acc, num_samples=sum(map(len, images)))
+    return diagnose_model(model, images, evaluate=acc, num_samples=sum(map(len, images)),
+                          rank_stats=ranks or None, per_rank=True)
 
 
 def evaluate_run(cfg: DictConfig) -> dict:
@@ -104,32 +91,34 @@ def evaluate_run(cfg: DictConfig) -> dict:
     state, data, val, env, model = run.state, run.data, run.val, run.env, run.model
     acc = run.acc
 
+    # eval mode at several batches (it must not matter: C10) and train mode at several (the
+    # trainer's bn/train_mode/acc, a lone last image left out), then bnlab.diagnose: each
+    # rank's statistics and their average, PreciseBN with both estimators
     tasks: list[tuple[str, Callable[[], float]]] = []  # (row, how to get its val acc)
     tasks += [(f"eval mode, batch {b}", partial(acc, model, b)) for b in cfg.eval_batches]
     tasks += [(f"train mode, batch {b}", partial(_train_mode_acc, model, data, val, env, b))
               for b in cfg.train_mode_batches]
     ranks = state.get("rank_bn_stats") or []
-    tasks += [(f"rank {r} running statistics", partial(_with_stats, model, stats, acc))
-              for r, stats in enumerate(ranks)]
-    if ranks:
-        avg = {n: tuple(torch.stack([s[n][i] for s in ranks]).mean(0) for i in (0, 1))
-               for n in ranks[0]}
-        tasks.append(("average of the ranks' statistics", partial(_with_stats, model, avg, acc)))
     loader = TrainLoader(data, env.device, cfg.precise_bn_batch, 1, 0, 1, 0, augment=False)
     steps = max(1, cfg.precise_bn_samples // cfg.precise_bn_batch)
-    report: list[Diagnosis] = []  # PreciseBN's rows: bnlab.diagnose's, as for any model
-    tasks.append(("PreciseBN (both estimators)",
-                  lambda: report.append(_diagnosis(model, loader, steps, acc))))
+    report: list[Diagnosis] = []
+    tasks.append(("bnlab.diagnose: each rank's statistics, PreciseBN (both estimators)",
+                  lambda: report.append(_diagnosis(model, loader, steps, acc, ranks))))
     print(f"checkpoint {path} (epoch {state['epoch']}, step {state['step']}): "
-          f"{len(tasks)} evaluations of {len(val)} validation images", file=sys.stderr)
+          f"{len(tasks) - 1} evaluations and bnlab.diagnose on {len(val)} validation images",
+          file=sys.stderr)
     rows: dict[str, float] = {}
-    with tqdm(tasks, desc="evaluate", unit="evaluation", dynamic_ncols=True,
+    with tqdm(tasks, desc="evaluate", unit="step", dynamic_ncols=True,
               disable=None) as bar:  # a bar on a terminal; logs stay clean
         for name, get in bar:
             bar.set_postfix_str(name)
             rows[name] = get()
-    del rows["PreciseBN (both estimators)"]
-    rows.update({f"PreciseBN ({est} estimator)": report[0].precise[est] for est in ESTIMATORS})
+    del rows[tasks[-1][0]]
+    d = report[0]
+    rows.update({f"rank {r} running statistics": v for r, v in enumerate(d.by_rank[:-1])})
+    if d.by_rank:
+        rows["average of the ranks' statistics"] = d.by_rank[-1]
+    rows.update({f"PreciseBN ({est} estimator)": d.precise[est] for est in ESTIMATORS})
     out = {"checkpoint": str(path), "epoch": state["epoch"], "step": state["step"],
            "val_acc": rows}
     run_dir = path if path.is_dir() else path.parent

@@ -89,6 +89,29 @@ def small_net_bn_on(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
                                     bn.eps)
 
 
+def test_each_rank_s_statistics_and_their_average_are_measured_where_asked():
+    data = batches()
+    model = settled(small_net(), data)
+    own = {n: (m.running_mean.clone(), m.running_var.clone())
+           for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d)}
+    off = {n: (mean + 3.0, var * 4.0) for n, (mean, var) in own.items()}
+    seen = []
+
+    def metric(m):  # the first BN layer's running mean, as the copy measured holds it
+        seen.append(m[1].running_mean.clone())
+        return float(m[1].running_mean.mean())
+
+    report = bnlab.diagnose(model, data, num_samples=32, evaluate=metric,
+                            rank_stats=[own, off], per_rank=True)
+    want = [own["1"][0].mean(), off["1"][0].mean(), (own["1"][0] + off["1"][0]).mean() / 2]
+    assert report.by_rank == pytest.approx([float(w) for w in want])
+    assert report.world == 2 and report.ranks["1"] > 1.0  # 3 of rank 0's sd apart, at least
+    assert "| with rank 1's running statistics |" in report.table()
+    assert torch.equal(model[1].running_mean, own["1"][0])  # the caller's model untouched
+    plain = bnlab.diagnose(model, data, num_samples=32, evaluate=metric, rank_stats=[own, off])
+    assert plain.by_rank == [] and "with rank 1's" not in plain.table()
+
+
 def test_bad_input_is_one_sentence():
     with pytest.raises(BnlabError, match="no BatchNorm layer"):
         bnlab.diagnose(nn.Sequential(nn.Linear(2, 2)), [torch.zeros(1, 2)])

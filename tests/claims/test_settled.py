@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bnlab.claims import fixes, lr, values
+from bnlab.claims.lr import cost
 from bnlab.lab.plan import Cell, Spec
 from bnlab.lab.results import CellResult
 from bnlab.lab.table import Finding, RunsData
@@ -221,6 +222,49 @@ def test_p1_is_judged_at_the_lowest_rate_it_was_written_for_or_waits(tmp_path):
     lines = lr.predictions(d)
     assert "lowest rate (0.003125" in lines[0] and "still to come" in lines[0]
     assert "so far: lr 0.003125 still to come" in lines[1]
+
+
+def cost_data(tmp_path, gap: dict, seeds: int = 5) -> RunsData:
+    """bn and syncbn at 0.0125 (steady) whose PreciseBN series sits `gap[norm]` points above
+    the running statistics' on the plateau and 30 points above it before (not read)."""
+    out = []
+    for norm, g in gap.items():
+        runs = []
+        for s in range(seeds):
+            acc = curve(60.0, 0.5, 100 * s + len(out))
+            shift = [30.0 if i < 100 else g + 0.2 * (s - 2) for i in range(len(acc))]
+            runs.append(fake_headline_run(tmp_path / norm / f"s{s}", acc, seed=s, churn=True,
+                                          decomp=[a + x for a, x in zip(acc, shift, strict=True)]))
+        out.append((f"{norm} lr 0.0125", {"norm": norm, "lr": 0.0125}, runs))
+    return runs_data(tmp_path, out, {"chosen_lr": 0.0125})
+
+
+@pytest.mark.parametrize("gap,state", [({"bn": 2.0, "syncbn": 0.0}, cost.BN_LARGER),
+                                       ({"bn": 0.0, "syncbn": 2.0}, cost.SYNCBN_LARGER),
+                                       ({"bn": 1.0, "syncbn": 1.0}, cost.SAME)])
+def test_the_statistics_cost_is_read_on_the_plateau_and_ruled_at_c1_s_rate(tmp_path, gap,
+                                                                          state):
+    d = cost_data(tmp_path, gap)
+    bn = cost.costs(lr.cell(d, "bn", 0.0125))
+    assert bn == pytest.approx([gap["bn"] + 0.2 * (s - 2) for s in range(5)])
+    at = cost.ruled(d)
+    assert at["state"] == state and at["lr"] == 0.0125
+    assert f"**{state}**" in "\n".join(cost.section(d))
+
+
+def test_the_statistics_cost_waits_for_its_seeds(tmp_path):
+    d = cost_data(tmp_path, {"bn": 2.0, "syncbn": 0.0}, seeds=2)
+    assert cost.by_rate(d)[0]["state"] == "untestable"
+
+
+def test_on_table_lr_s_own_runs_bn_s_statistics_cost_more_than_syncbn_s_at_c1_s_rate():
+    """Issue 44's question, on the committed logs: a bn run at 4 x 2 shows a larger statistics
+    cost (what bnlab diagnose reports) than its syncbn twin, at the rate C1 is ruled at."""
+    from bnlab.lab import table
+
+    at = cost.ruled(table.runs_data(table.Context(lr.TABLE)))
+    assert at["state"] == cost.BN_LARGER and at["lo"] > 0
+    assert len(at["bn"]) == len(at["syncbn"]) == 5
 
 
 def test_the_crossover_prediction_is_checked_against_the_split(tmp_path):

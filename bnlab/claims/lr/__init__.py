@@ -15,7 +15,8 @@ detrended variance splits into the weights' part and the running statistics' par
 
 The rules and the prediction, written before these runs, are data in experiments/lr/rules.yaml;
 cells.py reads the cells and the control check (bnlab.lab.judge), verdicts.py rules on C1, C3
-and C4, prediction.py sets the variance split beside the prediction.
+and C4, prediction.py sets the variance split beside the prediction, cost.py reads what the
+running statistics cost in accuracy (what `bnlab diagnose` reports), bn against syncbn.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from bnlab.claims.lr.cells import (
     vals,
     without_added,
 )
+from bnlab.claims.lr.cost import section as cost_section
 from bnlab.claims.lr.prediction import *  # noqa: F403
 from bnlab.claims.lr.prediction import parts, predictions, why
 from bnlab.claims.lr.verdicts import *  # noqa: F403
@@ -113,7 +115,8 @@ def render(d: RunsData) -> str:
         bn = cell(d, "bn", lr)
         lines.append(f"- {why}" + (f"; {contrast(d, lr)['text']}" if ok is not None and
                                    ready(bn) and vals(bn) else ""))
-    lines += ["", "## Why BN jitters: the prediction against the measurement", "",
+    lines += ["", *cost_section(d), "",
+              "## Why BN jitters: the prediction against the measurement", "",
               *predictions(d), "",
               "Statistics part: the detrended variance of (val acc with the running statistics "
               "- val acc of the same weights with PreciseBN statistics); weights part: that of "
