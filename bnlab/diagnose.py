@@ -37,6 +37,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
 from bnlab import doctor
+from bnlab.advice import without_communication
 from bnlab.diagnostics import divergence, on_batch_statistics
 from bnlab.errors import BnlabError
 from bnlab.precise_bn import ESTIMATORS, precise_bn, set_running_stats
@@ -94,7 +95,7 @@ class Diagnosis:
                          f"{self.train_batch} samples per rank (the doctor's rule): share "
                          f"statistics across ranks, bnlab.convert(model, 'syncbn', "
                          f"sync_group=k) with k ranks reaching 8 samples (python -m bnlab "
-                         f"doctor names k)")
+                         f"doctor names k); or, {without_communication()}")
         spread = max(self.ranks.values(), default=0.0)
         if spread > 1.0:
             parts.append(f"the ranks' running statistics disagree by up to {spread:.2f} "
@@ -308,7 +309,7 @@ def diagnose(model: nn.Module, batches: Iterable, *, evaluate: Callable | None =
                 g.at_risk = flagged.get(g.name)
         ranks = ranks_of(bare, rank_stats)
         by_rank = [_measure(with_statistics(bare, r), evaluate) for r in ranks] \
-            if per_rank and ranks else []
+            if per_rank and len(ranks) > 1 else []
         if by_rank:
             by_rank.append(_measure(with_statistics(bare, rank_average(ranks)), evaluate))
     return Diagnosis(running, precise, train_mode, train_batch, samples, layers,

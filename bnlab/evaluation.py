@@ -213,7 +213,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
                                 lambda b: b[0], lambda b: b[1])
     report = diagnose_model(model, batches, evaluate=evaluate, num_samples=args.num_samples,
                             train_batch=args.batch_per_rank or batch, threshold=args.threshold,
-                            rank_stats=ranks)
+                            rank_stats=ranks, per_rank=args.per_rank)
     print(report.table())
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
@@ -243,5 +243,8 @@ def add_diagnose_parser(sub) -> None:
                    f"statistics cost more than this many points (default {THRESHOLD:g})")
     p.add_argument("--data-root", help="a bnlab run: read CIFAR-10 from here instead of the "
                    "run's own data.root")
+    p.add_argument("--per-rank", action="store_true", help="also measure the metric with "
+                   "each rank's running statistics and with their average (a bnlab run that "
+                   "kept them, or under torchrun)")
     p.add_argument("--json", help="write the report as JSON here")
     p.set_defaults(run=diagnose_command)

@@ -169,3 +169,11 @@ def test_evaluate_a_simulated_four_rank_run(tmp_path):
               "PreciseBN (train estimator)", "PreciseBN (eval estimator)"):
         assert 0 <= acc[k] <= 100, k
     assert rows[-1]["val/acc"] == pytest.approx(acc["eval mode, batch 256"], abs=1e-9)
+    # `python -m bnlab diagnose --per-rank` on the run: the same rank rows (bnlab.diagnose's)
+    from bnlab.__main__ import main
+
+    main(["diagnose", "--model", str(d), "--num-samples", "128", "--per-rank", "--json",
+          str(tmp_path / "d.json")])
+    by_rank = json.loads((tmp_path / "d.json").read_text())["by_rank"]
+    assert by_rank == pytest.approx([acc[f"rank {r} running statistics"] for r in range(4)]
+                                    + [acc["average of the ranks' statistics"]], abs=1e-9)
