@@ -24,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from bnlab.advice import said
 from bnlab.claims import recoverpilot
 from bnlab.errors import BnlabError
 from bnlab.lab import choose, judge, page, rules, table
@@ -263,45 +264,47 @@ def on_first(data: Recover) -> dict[str, dict] | None:
     return None if not ms or any(m is None for m in ms.values()) else ms
 
 
-def finding(data: Recover) -> list[Finding]:
-    """The best fix and the best communication-free one, in a sentence (none until every cell
-    has its seeds)."""
+def picks(data: Recover) -> dict | None:
+    """The best fix and the best one without per-step communication on the first input, each
+    as advice.json holds it ({fix, state, gain, share, lo, hi}); None until every cell has its
+    seeds."""
     ms = on_first(data)
     if ms is None:
-        return []
-    best = max(ms, key=lambda f: ms[f]["gain"]["gap"])
-    free = max((f for f in ms if f in COMMUNICATION_FREE), key=lambda f: ms[f]["gain"]["gap"],
-               default=None)
-
-    def said(f: str) -> str:
-        s = ms[f]["share"]
-        return (f"{f} gets back {100 * s[0]:.0f}% of BN's loss (95% CI {fmt(pct(s[1]), 0)} "
-                f"to {fmt(pct(s[2]), 0)}): {ms[f]['state']}" if math.isfinite(s[0])
-                else f"{f}: {ms[f]['state']}")
-    return [Finding(f"At 4 x 2 on {FIRST}: {said(best)}" + (
-        f"; without per-step communication, {said(free)}" if free and free != best else "")
-        + ".",
-        "recover", rules.mark(RULES), rank=2)]
-
-
-def advice(data: Recover, out: Path) -> None:
-    """advice.json for the doctor's fix line (bnlab.advice): the best fix and the best one
-    without communication, with their shares, once every cell has its seeds; removed before."""
-    path = out / "advice.json"
-    ms = on_first(data)
-    if ms is None:
-        path.unlink(missing_ok=True)
-        return
+        return None
 
     def entry(f: str) -> dict:
         s = ms[f]["share"]
         return {"fix": f, "state": ms[f]["state"], "gain": ms[f]["gain"]["gap"],
-                **({"share": s[0], "lo": s[1], "hi": s[2]} if math.isfinite(s[0]) else {})}
+                **({"share": s[0], "lo": s[1], "hi": s[2]}
+                   if math.isfinite(s[0]) else {})}
+    gain = lambda f: ms[f]["gain"]["gap"]  # noqa: E731
     free = [f for f in ms if f in COMMUNICATION_FREE]
-    table.save_results(path, {
-        "where": f"4 ranks x 2 on {FIRST} (CIFAR-10)",
-        "best": entry(max(ms, key=lambda f: ms[f]["gain"]["gap"])),
-        "best_free": entry(max(free, key=lambda f: ms[f]["gain"]["gap"])) if free else None})
+    return {"where": f"4 ranks x 2 on {FIRST} (CIFAR-10)", "best": entry(max(ms, key=gain)),
+            "best_free": entry(max(free, key=gain)) if free else None}
+
+
+def finding(data: Recover) -> list[Finding]:
+    """The best fix and the best communication-free one, in a sentence, in the doctor's words
+    (bnlab.advice.said); none until every cell has its seeds."""
+    p = picks(data)
+    if p is None:
+        return []
+    best, free = p["best"], p["best_free"]
+    other = free is not None and free["fix"] != best["fix"]
+    return [Finding(f"At 4 x 2 on {FIRST}: {said(best)}"
+                    + (f"; without per-step communication, {said(free)}" if other else "") + ".",
+                    "recover", rules.mark(RULES), rank=2)]
+
+
+def advice(data: Recover, out: Path) -> None:
+    """advice.json for the doctor's fix line (bnlab.advice): picks(), once every cell has its
+    seeds; removed before."""
+    path = out / "advice.json"
+    p = picks(data)
+    if p is None:
+        path.unlink(missing_ok=True)
+    else:
+        table.save_results(path, p)
 
 
 TABLE = table.Table("recover", (), load, render, verdicts, plot, block="recover",
