@@ -23,16 +23,16 @@ def said(entry: dict) -> str:
             f"{entry['state']}")
 
 
-def without_communication() -> str:
+def without_communication(options: str = "the lines below are options") -> str:
     """The doctor's line on fixes with no per-step communication (PreciseBN's all-reduce comes
     once per recalibration): the best one table-recover
-    measured at 4 ranks x 2, citing it; or that it has not been measured yet."""
+    measured at 4 ranks x 2, citing it; or that it has not been measured yet, and where the
+    options are (`options`: the doctor's lines below them; bnlab.diagnose names the doctor)."""
     try:
         advice = json.loads(ADVICE.read_text())
         line = (f"without per-step communication, at {advice['where']}: "
                 f"{said(advice['best_free'])}")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return ("without per-step communication: which fix recovers most at the break has not been "
-                f"measured yet ({TABLE}); the lines below are options, not yet ranked at the "
-                "break")
+                f"measured yet ({TABLE}); {options}, not yet ranked at the break")
     return f"{line} ({TABLE})"

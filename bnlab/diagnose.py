@@ -72,7 +72,8 @@ class Diagnosis:
     world: int = 1
     threshold: float = THRESHOLD
     metric: str = "top-1 accuracy (%)"
-    by_rank: list[float] = field(default_factory=list)  # per_rank: each rank's, then their mean
+    by_rank: list[float] = field(default_factory=list)  # per_rank: with each rank's statistics
+    rank_average: float | None = None  # per_rank: with the ranks' statistics averaged
 
     @property
     def cost(self) -> float:
@@ -95,7 +96,8 @@ class Diagnosis:
                          f"{self.train_batch} samples per rank (the doctor's rule): share "
                          f"statistics across ranks, bnlab.convert(model, 'syncbn', "
                          f"sync_group=k) with k ranks reaching 8 samples (python -m bnlab "
-                         f"doctor names k); or, {without_communication()}")
+                         f"doctor names k); or, "
+                         f"{without_communication('python -m bnlab doctor lists them')}")
         spread = max(self.ranks.values(), default=0.0)
         if spread > 1.0:
             parts.append(f"the ranks' running statistics disagree by up to {spread:.2f} "
@@ -118,9 +120,9 @@ class Diagnosis:
             rows.append(f"| with each layer on {self.train_batch} samples' statistics (train "
                         f"mode) | {self.train_mode:.2f} |")
         rows += [f"| with rank {r}'s running statistics | {v:.2f} |"
-                 for r, v in enumerate(self.by_rank[:-1])]
-        if self.by_rank:
-            rows.append(f"| with the ranks' statistics averaged | {self.by_rank[-1]:.2f} |")
+                 for r, v in enumerate(self.by_rank)]
+        if self.rank_average is not None:
+            rows.append(f"| with the ranks' statistics averaged | {self.rank_average:.2f} |")
         lines = [f"| evaluation | {self.metric} |", "|---|---|", *rows, "",
                  f"Statistics' cost (PreciseBN minus running): **{self.cost:+.2f}** points.", "",
                  "| layer | running mean off by (pop. sd) | running var off by (log) | at risk |",
@@ -308,12 +310,17 @@ def diagnose(model: nn.Module, batches: Iterable, *, evaluate: Callable | None =
             for g in layers:
                 g.at_risk = flagged.get(g.name)
         ranks = ranks_of(bare, rank_stats)
+        if per_rank and len(ranks) < 2:
+            raise BnlabError(f"per_rank: {len(ranks)} rank's running statistics to compare; "
+                             "give rank_stats (a bnlab checkpoint keeps them) or run under "
+                             "torchrun with 2 or more ranks.")
         by_rank = [_measure(with_statistics(bare, r), evaluate) for r in ranks] \
-            if per_rank and len(ranks) > 1 else []
-        if by_rank:
-            by_rank.append(_measure(with_statistics(bare, rank_average(ranks)), evaluate))
+            if per_rank else []
+        average = _measure(with_statistics(bare, rank_average(ranks)), evaluate) \
+            if per_rank else None
     return Diagnosis(running, precise, train_mode, train_batch, samples, layers,
-                     rank_spread(ranks), max(1, len(ranks)), threshold, by_rank=by_rank)
+                     rank_spread(ranks), max(1, len(ranks)), threshold, by_rank=by_rank,
+                     rank_average=average)
 
 
 def _measure(model: nn.Module, evaluate: Callable) -> float:

@@ -127,14 +127,6 @@ class GapProbe:
 # Train-mode accuracy: BN with the statistics of each evaluation batch
 
 
-def batch_stats_copy(model: nn.Module) -> nn.Module:
-    """A copy whose BN layers use each batch's own statistics, unsynced and unsimulated."""
-    m = copy.deepcopy(model)
-    for _, bn in _bns(m):
-        bn.sync, bn.sim_world = "none", 1
-    return m
-
-
 def ghost_batch_norm(bn: _BatchNorm, x: torch.Tensor, group: int) -> torch.Tensor:
     """Train-mode BN with each run of `group` consecutive images normalized by its own
     statistics: what `x.split(group)` through the layer one batch at a time computes, in one
@@ -162,8 +154,13 @@ def on_batch_statistics(model: nn.Module, batch: int) -> nn.Module:
     its running statistics. The rest of the model stays in its mode. Used by
     train_mode_accuracy (bnlab's runs) and bnlab.diagnose (any model)."""
     m = copy.deepcopy(model)
+    modes = {mod: mod.training for mod in m.modules()}
+    m.train()  # a layer that stays in eval mode here is one training keeps there
+    frozen = {bn for bn in m.modules() if isinstance(bn, _BatchNorm) and not bn.training}
+    for mod, training in modes.items():
+        mod.training = training
     for bn in m.modules():
-        if isinstance(bn, _BatchNorm) and not getattr(bn, "frozen", False):
+        if isinstance(bn, _BatchNorm) and bn not in frozen:
             bn.forward = lambda x, bn=bn: ghost_batch_norm(bn, x, batch)
     return m
 

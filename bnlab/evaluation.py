@@ -82,7 +82,7 @@ def _diagnosis(model: nn.Module, loader, steps: int, acc: Callable, ranks: list)
     them."""
     images = list(loader.images(0, steps))
     return diagnose_model(model, images, evaluate=acc, num_samples=sum(map(len, images)),
-                          rank_stats=ranks or None, per_rank=True)
+                          rank_stats=ranks or None, per_rank=len(ranks) > 1)
 
 
 def evaluate_run(cfg: DictConfig) -> dict:
@@ -115,9 +115,9 @@ def evaluate_run(cfg: DictConfig) -> dict:
             rows[name] = get()
     del rows[tasks[-1][0]]
     d = report[0]
-    rows.update({f"rank {r} running statistics": v for r, v in enumerate(d.by_rank[:-1])})
-    if d.by_rank:
-        rows["average of the ranks' statistics"] = d.by_rank[-1]
+    rows.update({f"rank {r} running statistics": v for r, v in enumerate(d.by_rank)})
+    if d.rank_average is not None:
+        rows["average of the ranks' statistics"] = d.rank_average
     rows.update({f"PreciseBN ({est} estimator)": d.precise[est] for est in ESTIMATORS})
     out = {"checkpoint": str(path), "epoch": state["epoch"], "step": state["step"],
            "val_acc": rows}

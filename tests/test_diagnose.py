@@ -103,13 +103,38 @@ def test_each_rank_s_statistics_and_their_average_are_measured_where_asked():
 
     report = bnlab.diagnose(model, data, num_samples=32, evaluate=metric,
                             rank_stats=[own, off], per_rank=True)
-    want = [own["1"][0].mean(), off["1"][0].mean(), (own["1"][0] + off["1"][0]).mean() / 2]
-    assert report.by_rank == pytest.approx([float(w) for w in want])
+    assert report.by_rank == pytest.approx([float(own["1"][0].mean()), float(off["1"][0].mean())])
+    assert report.rank_average == pytest.approx(float((own["1"][0] + off["1"][0]).mean() / 2))
     assert report.world == 2 and report.ranks["1"] > 1.0  # 3 of rank 0's sd apart, at least
     assert "| with rank 1's running statistics |" in report.table()
     assert torch.equal(model[1].running_mean, own["1"][0])  # the caller's model untouched
     plain = bnlab.diagnose(model, data, num_samples=32, evaluate=metric, rank_stats=[own, off])
     assert plain.by_rank == [] and "with rank 1's" not in plain.table()
+    with pytest.raises(BnlabError, match="per_rank: 1 rank's"):
+        bnlab.diagnose(model, data, num_samples=32, rank_stats=[own], per_rank=True)
+
+
+def test_a_layer_training_keeps_in_eval_mode_keeps_its_running_statistics_in_train_mode():
+    class Frozen(nn.BatchNorm2d):  # a user's frozen BN: not bnlab's, no `frozen` attribute
+        def train(self, mode=True):
+            return super().train(False)
+
+    data = batches()
+    model = settled(small_net(), data)
+    frozen = Frozen(8)
+    frozen.load_state_dict(model[1].state_dict())
+    model[1] = frozen.eval()
+    seen = []
+    bnlab.diagnose(model, data, num_samples=32, train_batch=4,
+                   evaluate=lambda m: seen.append(m) or 0.0)
+    x = data[0][0]
+    m = seen[-1]  # the copy the train-mode row measured
+    torch.testing.assert_close(m[:2](x), model[:2].eval()(x))  # the frozen layer: running
+    bn = model[4]  # a plain layer: each run of 4 samples on its own statistics
+    want = torch.cat([nn.functional.batch_norm(model[:4].eval()(x[i:i + 4]), None, None,
+                                               bn.weight, bn.bias, True, 0.0, bn.eps)
+                      for i in range(0, 16, 4)])
+    torch.testing.assert_close(m[:5](x), want)
 
 
 def test_bad_input_is_one_sentence():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from bnlab import dist
+from bnlab.batchnorm import RankBatchNorm
 from bnlab.diagnostics import GapProbe, divergence, rank_running_stats
 from bnlab.diagnostics import train_mode_accuracy as tm_acc
 from bnlab.doctor import bn_value_counts
@@ -88,7 +90,6 @@ def test_train_mode_accuracy_leaves_the_model_alone():
 
 def test_train_mode_accuracy_in_one_pass_equals_one_batch_at_a_time():
     from bnlab.data import Dataset, make_synthetic, val_batches
-    from bnlab.diagnostics import batch_stats_copy
 
     train, val = make_synthetic(num_train=16, num_val=43)
     data = Dataset(train, val, (0.5,) * 3, (0.25,) * 3)
@@ -100,7 +101,10 @@ def test_train_mode_accuracy_in_one_pass_equals_one_batch_at_a_time():
     for batch in (2, 8):  # 8: a last group of 3 (43 = 5 x 8 + 3); 2: a lone last image
         preds = []
         res = tm_acc(model, data, val, env, batch, preds, eval_batch=16)
-        ref, meter = batch_stats_copy(model).train(), []
+        ref, meter = copy.deepcopy(model).train(), []  # plain train mode, one batch at a time
+        for bn in ref.modules():
+            if isinstance(bn, RankBatchNorm):
+                bn.sync, bn.sim_world = "none", 1
         with torch.no_grad():
             for x, y in val_batches(data, val, env.device, batch, 1, 0):
                 if x.shape[0] > 1:
@@ -169,11 +173,25 @@ def test_evaluate_a_simulated_four_rank_run(tmp_path):
               "PreciseBN (train estimator)", "PreciseBN (eval estimator)"):
         assert 0 <= acc[k] <= 100, k
     assert rows[-1]["val/acc"] == pytest.approx(acc["eval mode, batch 256"], abs=1e-9)
-    # `python -m bnlab diagnose --per-rank` on the run: the same rank rows (bnlab.diagnose's)
+    # The ranks' average (bnlab.diagnose's row) against the checkpoint's statistics averaged
+    # here and loaded by hand
+    import copy
+
+    from bnlab.evaluation import load_trained
+    from bnlab.precise_bn import set_running_stats
+
+    run = load_trained(d)
+    ranks, m = run.state["rank_bn_stats"], copy.deepcopy(run.model)
+    for name, bn in m.named_modules():
+        if name in ranks[0]:
+            set_running_stats(bn, *(sum(r[name][i] for r in ranks) / len(ranks) for i in (0, 1)))
+    assert run.acc(m) == pytest.approx(acc["average of the ranks' statistics"], abs=1e-9)
+    # `python -m bnlab diagnose --per-rank` on the run gives evaluate.py's rows
     from bnlab.__main__ import main
 
     main(["diagnose", "--model", str(d), "--num-samples", "128", "--per-rank", "--json",
           str(tmp_path / "d.json")])
-    by_rank = json.loads((tmp_path / "d.json").read_text())["by_rank"]
-    assert by_rank == pytest.approx([acc[f"rank {r} running statistics"] for r in range(4)]
-                                    + [acc["average of the ranks' statistics"]], abs=1e-9)
+    out = json.loads((tmp_path / "d.json").read_text())
+    assert out["by_rank"] == pytest.approx([acc[f"rank {r} running statistics"]
+                                            for r in range(4)], abs=1e-9)
+    assert out["rank_average"] == pytest.approx(acc["average of the ranks' statistics"], abs=1e-9)

@@ -73,8 +73,10 @@ def section(d: RunsData) -> list[str]:
                            "bn - syncbn (pts)", "95% Welch interval", "state"], rows), "",
             said, "",
             f"Rule (experiments/lr/rules.yaml, `cost`): {RULES.words('rules', 'cost')}. "
-            "Written after these runs, once a close measure on them had been published "
-            "(version \"added cost\" below). Cost: "
+            "Written after these runs, once table-fixes' C8 row had published a close measure "
+            "on them (the same difference at the plateau's epoch ends, at C1's rate; version "
+            "\"added cost\" below): the ruled line confirms that reading on every plateau "
+            "evaluation rather than testing a new one. Cost: "
             "val acc with PreciseBN statistics minus with the running statistics, the same "
             "weights at each plateau evaluation, averaged over the plateau; mean ± sd over "
             "seeds. A positive cost is accuracy the running statistics lose and PreciseBN "
