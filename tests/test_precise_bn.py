@@ -111,6 +111,36 @@ def _rank_body(env, estimator: str) -> dict:
     return {k: (m.numpy(), v.numpy()) for k, (m, v) in stats.items()}
 
 
+def _diagnose_batches(rank: int | None = None) -> list:
+    """8 batches of (images, labels), 4 a rank; every rank's (the union) for rank None."""
+    x, y = _images(), torch.arange(64) % 10
+    batches = list(zip(x.split(8), y.split(8), strict=True))
+    return batches if rank is None else batches[4 * rank:4 * rank + 4]
+
+
+def _offset_stats(model: nn.Module, rank: int, share: int | None) -> dict:
+    """Rank `rank`'s running statistics: PreciseBN's of the union (from its `share` under a
+    process group, which reduces them; from every batch in one process), the means moved by
+    0.5 x rank."""
+    recalibrate(model, lambda: [b[0] for b in _diagnose_batches(share)], "train")
+    for m in model.modules():
+        if isinstance(m, RankBatchNorm):
+            m.running_mean.add_(0.5 * rank)
+    return {n: (m.running_mean.clone(), m.running_var.clone())
+            for n, m in model.named_modules() if isinstance(m, RankBatchNorm)}
+
+
+def _diagnose_body(env) -> dict:
+    """bnlab.diagnose under torchrun: a DDP model whose ranks hold different statistics (set
+    after wrapping: DDP broadcasts rank 0's buffers when it wraps), each rank its own batches."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = DistributedDataParallel(_model())
+    _offset_stats(ddp.module, env.rank, env.rank)
+    report = bnlab.diagnose(ddp, _diagnose_batches(env.rank), num_samples=32, per_rank=True)
+    return json.loads(json.dumps(report.to_json()))
+
+
 def _two_ranks_worker(jobs: dict) -> dict:
     """Every job (name -> body and its arguments) on this rank of one 2-process gloo group:
     one launch serves every test below (each launch costs seconds)."""
@@ -126,6 +156,7 @@ def two_ranks() -> dict:
     jobs = {f"recalibrate {e}": (_rank_body, (e,)) for e in ("train", "eval")}
     jobs.update({f"precise_bn {k}": (_public_body, ([40, 24], k)) for k in ("bn", "syncbn")})
     jobs["precise_bn, a rank without batches"] = (_public_body, ([16, 0], "bn"))
+    jobs["diagnose"] = (_diagnose_body, ())
     res = dist.launch_local(_two_ranks_worker, 2, jobs)
     return {name: [r[name] for r in res] for name in jobs}
 
@@ -138,6 +169,36 @@ def test_two_gloo_ranks_hold_identical_statistics_of_the_union(estimator, two_ra
         for r in res:
             _close(r[layer][0], mean, f"{estimator} layer {layer} mean")
             _close(r[layer][1], var, f"{estimator} layer {layer} var")
+
+
+def test_diagnose_under_torchrun_reads_every_rank_s_batches_and_statistics(two_ranks):
+    """Each rank's report is the same, and what one process gives on the union of the ranks'
+    batches with the ranks' statistics passed in."""
+    a, b = two_ranks["diagnose"]
+    ranks = [_offset_stats(_model(), r, None) for r in (0, 1)]
+    model = _model()
+    _offset_stats(model, 0, None)  # rank 0's model
+    one = bnlab.diagnose(model, _diagnose_batches(), num_samples=64, rank_stats=ranks,
+                         per_rank=True)
+    for key in ("running", "precise", "by_rank", "rank_average", "ranks", "world", "verdict"):
+        assert a[key] == pytest.approx(b[key]), key  # what every rank reads: the same
+    for key in ("precise", "by_rank", "rank_average", "ranks", "world"):
+        assert a[key] == pytest.approx(getattr(one, key)), key
+    # with the running statistics each rank evaluates its own share with its own statistics
+    right = 0
+    for r in (0, 1):
+        m = _model()
+        _offset_stats(m, r, None)
+        with torch.no_grad():
+            right += sum(int((m.eval()(x).argmax(1) == y).sum())
+                         for x, y in _diagnose_batches(r))
+    assert a["running"] == pytest.approx(100 * right / 64)
+    assert a["samples"] == 32 and a["world"] == 2 and len(a["by_rank"]) == 2
+    assert min(a["ranks"].values()) > 0
+    # each rank's layer table is its own statistics against the population: rank 0's sit on it
+    assert a["layers"] == [pytest.approx(vars(g)) for g in one.layers]
+    assert a["layers"][0]["mean_shift"] < 1e-6 < b["layers"][0]["mean_shift"]
+    assert a["by_rank"][0] != a["by_rank"][1]  # the offset statistics do change the metric
 
 
 @pytest.mark.slow  # CI time (18 s); make test-slow runs it
