@@ -244,7 +244,8 @@ def add_diagnose_parser(sub) -> None:
     p.add_argument("--data-root", help="a bnlab run: read CIFAR-10 from here instead of the "
                    "run's own data.root")
     p.add_argument("--per-rank", action="store_true", help="also measure the metric with "
-                   "each rank's running statistics and with their average (a bnlab run that "
-                   "kept them, or under torchrun)")
+                   "each rank's running statistics and with their average (a bnlab run's "
+                   "checkpoint keeps them; for your own DDP model use bnlab.diagnose(..., "
+                   "per_rank=True) under torchrun)")
     p.add_argument("--json", help="write the report as JSON here")
     p.set_defaults(run=diagnose_command)
