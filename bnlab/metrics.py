@@ -187,11 +187,12 @@ def summary(run_dir: Path, result: dict) -> str:
              f"{result.get('steps', '?')}{cut}"
              + (f" (epoch {rows[-1]['epoch']:.2f})" if rows else "")]
     if rows:
-        loss = rows[-1].get("val/loss", float("nan"))
-        lines.append(f"  val acc {accs[-1]:.2f}% (loss {loss:.3f}) after {len(accs)} "
+        acc, loss = accs[-1], rows[-1].get("val/loss")  # None: logged as not finite
+        lines.append(f"  val acc {'not finite' if acc is None else f'{acc:.2f}%'} (loss "
+                     f"{'not finite' if loss is None else f'{loss:.3f}'}) after {len(accs)} "
                      "evaluation(s)")
         tail = accs[-jitter.MIN_EVALS * 2:]
-        if len(tail) >= jitter.MIN_EVALS and n_val:
+        if len(tail) >= jitter.MIN_EVALS and n_val and None not in tail:
             lines.append(f"  jitter over the last {len(tail)} evaluations: "
                          f"{jitter.von_neumann_sd(tail):.2f} points (von Neumann sd), beside "
                          f"{jitter.binomial_floor(accs[-1], n_val):.2f} from the {n_val} "

@@ -109,7 +109,7 @@ def test_trainer_syncs_at_each_epoch_end_and_warns_when_moot(tmp_path):
     r = run_here("train.py", *common, "dist.broadcast_buffers=false",
                   f"output_dir={tmp_path / 'own'}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "warning" not in r.stdout + r.stderr
+    assert "changes little here" not in r.stdout + r.stderr  # no moot warning: it syncs
     run = run_dirs(tmp_path / "own")[0]
     rows = read_jsonl(run / "metrics.jsonl")
     gaps = [x["bn_sync/reduce_var_gap"] for x in rows if "bn_sync/reduce_var_gap" in x]

@@ -150,6 +150,7 @@ def test_nan_loss_marks_the_run_diverged_and_a_multirun_goes_on(tmp_path):
     p = run_entry("train.py", *TINY, "epochs=1", "optim.lr=1e6", "optim.momentum=0",
                   "on_nan=continue", f"hydra.run.dir={tmp_path / 'c'}", cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
+    assert "bnlab: completed at step" in p.stdout  # the summary, printed despite the NaN
     losses = [r.get("train/loss") for r in metrics(tmp_path / "c") if "train/loss" in r]
     assert read_status(tmp_path / "c") == "completed" and None in losses  # NaN logged as null
     p = run_entry("train.py", "-m", *TINY, "epochs=1", "optim.lr=1e6,0.01", "optim.momentum=0",
@@ -157,6 +158,18 @@ def test_nan_loss_marks_the_run_diverged_and_a_multirun_goes_on(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     runs = sorted((tmp_path / "m").rglob("status.json"))
     assert sorted(json.loads(r.read_text())["status"] for r in runs) == ["completed", "diverged"]
+
+
+def test_the_summary_of_a_run_whose_last_evaluation_was_not_finite(tmp_path):
+    """on_nan=continue logs NaN as null: the closing summary says so instead of failing."""
+    from bnlab.metrics import summary
+
+    rows = [{"step": s, "epoch": s / 4, "val/acc": a, "val/loss": a and 2.0}
+            for s, a in enumerate([10.0, 12.0, 11.0, 13.0, 12.0, None], start=1)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = summary(tmp_path, {"step": 6, "steps": 6, "val_images": 128})
+    assert "val acc not finite (loss not finite) after 6 evaluation(s)" in text
+    assert "jitter" not in text  # not over a tail holding a non-finite evaluation
 
 
 # -- the run directory's rules ------------------------------------------------------------

@@ -337,7 +337,8 @@ def test_a_short_run_leaves_an_evaluation_a_checkpoint_and_a_summary_and_can_be_
     assert (d / "checkpoint.pt").is_file()  # what evaluate.py run=<d> reads
     ev = run_here("evaluate.py", f"run={d}", "precise_bn_samples=256", cwd=tmp_path)
     assert ev.returncode == 0, ev.stderr  # it used to fail: "checkpoint.pt does not exist"
-    assert " evaluations of 128 validation images" in ev.stderr.splitlines()[0]  # said first
+    assert " evaluations and bnlab.diagnose on 128 validation images" in \
+        ev.stderr.splitlines()[0]  # said first
     last = [row for row in read_jsonl(d / "metrics.jsonl") if "val/acc" in row][-1]
     assert json.loads((d / "eval.json").read_text())["val_acc"]["eval mode, batch 256"] == \
         pytest.approx(last["val/acc"], abs=1e-9)

@@ -131,7 +131,7 @@ def test_a_stopped_sweep_checkpoints_its_runs_and_the_same_command_resumes_it(tm
         proc.send_signal(signal.SIGTERM)
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 75, out
-    assert "run the same command to resume" in out
+    assert "run the same command to run the rest (preempted runs resume from their" in out
     assert read_status(first) == "preempted" and (first / "checkpoint.pt").is_file()
     second = plan(spec, "synthetic-512", root)[1][2]
     assert not second.exists()  # queued runs do not start once the sweep is stopping
