@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bnlab import doctor
 from bnlab.advice import without_communication
-from bnlab.diagnostics import divergence, on_batch_statistics
+from bnlab.diagnostics import divergence, gather_running_stats, on_batch_statistics
 from bnlab.errors import BnlabError
 from bnlab.precise_bn import ESTIMATORS, precise_bn, set_running_stats
 
@@ -198,19 +198,7 @@ def ranks_of(model: nn.Module, ranks: list[dict] | None = None) -> list[dict]:
         return ranks
     if not (tdist.is_initialized() and tdist.get_world_size() > 1):
         return []
-    layers = bn_of(model)
-    flat = torch.cat([t.double() for bn in layers.values()
-                      for t in (bn.running_mean, bn.running_var)])
-    got = [torch.empty_like(flat) for _ in range(tdist.get_world_size())]
-    tdist.all_gather(got, flat)
-    out = []
-    for g in got:
-        i, per = 0, {}
-        for name, bn in layers.items():
-            c = bn.num_features
-            per[name], i = (g[i:i + c], g[i + c:i + 2 * c]), i + 2 * c
-        out.append(per)
-    return out
+    return gather_running_stats(list(bn_of(model).items()), tdist.get_world_size())
 
 
 def rank_spread(ranks: list[dict]) -> dict[str, float]:

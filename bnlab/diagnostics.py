@@ -41,10 +41,19 @@ def rank_running_stats(model: nn.Module, env: dist.DistEnv) -> list[dict[str, tu
     if world > 1:
         return [{n: tuple(t.clone() for t in m.rank_stats(r)) for n, m in layers}
                 for r in range(world)]
+    return gather_running_stats(layers, env.world if env.distributed else 1)
+
+
+def gather_running_stats(layers: list[tuple[str, nn.Module]],
+                         world: int) -> list[dict[str, tuple]]:
+    """Every rank's (running_mean, running_var) per named layer, gathered on every rank with one
+    all_gather (world > 1, under torch.distributed), else this process's alone."""
+    if not layers:
+        return []
     flat = torch.cat([t for _, m in layers for t in (m.running_mean, m.running_var)])
     gathered = [flat]
-    if env.distributed:
-        gathered = [torch.empty_like(flat) for _ in range(env.world)]
+    if world > 1:
+        gathered = [torch.empty_like(flat) for _ in range(world)]
         tdist.all_gather(gathered, flat)
     out = []
     for g in gathered:

@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from bnlab import checkpoint, dist, doctor
+from bnlab.batchnorm import set_epoch
 from bnlab.cli import imported
 from bnlab.data import Dataset, Split, TrainLoader, build_dataset
 from bnlab.diagnose import THRESHOLD, Diagnosis, accuracy
@@ -68,6 +69,10 @@ def load_trained(path: Path, data_root: str | None = None, device: str = "cpu") 
     data = build_dataset(train_cfg["data"])
     model = build_net(train_cfg)
     model.load_state_dict(state["model"])
+    # frozen BN's freeze is no buffer: set it as the checkpoint's last step trained
+    # (`epoch` is where training would go on; no step of it done means the one before)
+    at = state["epoch"] - (not state.get("resume", {}).get("step_in_epoch", 0))
+    set_epoch(model, max(at, 0))
     model.to(env.device)
     return TrainedRun(state, train_cfg, env, data, data.val.to(env.device), model)
 
@@ -138,10 +143,14 @@ def diagnose(cfg: DictConfig) -> int:
     for key in ("world", "batch_per_gpu", "min_values", "min_images"):
         if not isinstance(d[key], int) or d[key] < 1:
             raise BnlabError(f"diagnose.{key} must be a positive integer, got {d[key]!r}.")
-    return doctor.report(argparse.Namespace(
-        model=f"bnlab:{d.model}", input=None, world=d.world, batch_per_rank=d.batch_per_gpu,
-        norm=d.norm, sync_group=0, min_values=d.min_values, min_images=d.min_images,
-        json=False))
+    # the doctor's own parser, so every option it gains has its default here too
+    sub = argparse.ArgumentParser().add_subparsers()
+    doctor.add_parser(sub)
+    args = sub.choices["doctor"].parse_args(
+        ["--model", f"bnlab:{d.model}", "--world", str(d.world), "--batch-per-rank",
+         str(d.batch_per_gpu), "--norm", d.norm, "--min-values", str(d.min_values),
+         "--min-images", str(d.min_images)])
+    return doctor.report(args)
 
 
 def main(cfg: DictConfig) -> None:

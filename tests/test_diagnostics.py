@@ -136,8 +136,10 @@ def test_diagnose_mode_lists_layers_at_risk_without_a_checkpoint(tmp_path):
     r = run_here("evaluate.py", *args, cwd=tmp_path)
     assert r.returncode == 1, r.stderr  # the doctor's status: layers at risk
     assert "| layer4.1.bn2 | RankBatchNorm | 512 | 2 | 2 | 2 | yes |" in r.stdout
-    assert "syncbn over all 4 ranks still gives 8 samples" in r.stdout
+    assert ("syncbn with --sync-group 4 gives 8 samples per group, but layer4.0.bn1 still gets "
+            "8 values per channel (threshold 16): no sync group reaches both") in r.stdout
     r = run_here("evaluate.py", *args, "diagnose.norm=syncbn", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr  # layer4 still at risk: 8 values per channel
     assert "| layer4.1.bn2 | RankBatchNorm | 512 | 2 | 8 | 8 | yes |" in r.stdout
 
 
@@ -195,3 +197,26 @@ def test_evaluate_a_simulated_four_rank_run(tmp_path):
     assert out["by_rank"] == pytest.approx([acc[f"rank {r} running statistics"]
                                             for r in range(4)], abs=1e-9)
     assert out["rank_average"] == pytest.approx(acc["average of the ranks' statistics"], abs=1e-9)
+
+
+@pytest.mark.parametrize("epoch, step_in_epoch, frozen", [(1, 0, False), (1, 3, True),
+                                                         (2, 0, True)])
+def test_a_loaded_run_keeps_frozen_bn_as_training_left_it(tmp_path, epoch, step_in_epoch,
+                                                          frozen):
+    """Frozen BN's freeze is no buffer: a checkpoint of `norm.freeze_after=1` loads frozen
+    once a step of epoch 1 (0-based) trained, else as the plain BN of epoch 0."""
+    import yaml
+
+    from bnlab import checkpoint
+    from bnlab.batchnorm import FrozenBatchNorm
+    from bnlab.evaluation import load_trained
+    from bnlab.lab.spec import compose
+    from bnlab.net import build_net
+
+    cfg = compose(["model=resnet20", "data=synthetic", "norm=frozen_bn", "norm.freeze_after=1"])
+    checkpoint.save(tmp_path / checkpoint.CHECKPOINT, {
+        "model": build_net(cfg).state_dict(), "epoch": epoch, "step": 7,
+        "config": yaml.safe_dump(cfg), "resume": {"epoch": epoch, "step_in_epoch": step_in_epoch}})
+    model = load_trained(tmp_path).model.train()
+    layers = [m for m in model.modules() if isinstance(m, FrozenBatchNorm)]
+    assert layers and all(m.frozen is frozen and m.training is not frozen for m in layers)
