@@ -51,10 +51,13 @@ class Bench:
         return quick if self.quick else full
 
     def row(self, section: str, what: str, value: float, unit: str, ref: float | None = None,
-            ref_what: str = "", target: str = "", met: bool | None = None, note: str = ""):
+            ref_what: str = "", target: str = "", met: bool | None = None, note: str = "",
+            **keys):
+        """One figure; `keys` (e.g. fix=) let a table find its row."""
         r = {"bench": self.current, "section": section, "what": what, "value": value,
              "unit": unit, "ref": ref, "ref_what": ref_what,
-             "ratio": value / ref if ref else None, "target": target, "met": met, "note": note}
+             "ratio": value / ref if ref else None, "target": target, "met": met, "note": note,
+             **keys}
         self.rows.append(r)
         shown = f"{value:.4g} {unit}"
         if ref:
@@ -122,11 +125,15 @@ def precisebn_cost(b: Bench) -> None:
           note="fraction of an epoch")
 
 
-# table-recover's fixes as its spec runs them: configs/norm/<kind>.yaml with these keys set
-FIX_NORMS = {"syncbn": ("syncbn", {}), "syncbn, groups of 2": ("syncbn", {"sync_group": 2}),
-             "gn (32 groups, capped)": ("gn", {"cap_groups": True}), "ln": ("ln", {}),
-             "evonorm": ("evonorm", {}), "brn": ("brn", {}),
-             "frozen BN (once frozen)": ("frozen_bn", {"freeze_after": 0})}
+# table-recover's fixes as its spec runs them, by its fix names (the rows' `fix`, which its
+# page reads): a label and configs/norm/<kind>.yaml with these keys set. bn + PreciseBN
+# steps as bn does; its recalibration is the precisebn section.
+FIX_NORMS = {"syncbn": ("syncbn", "syncbn", {}),
+             "syncbn2": ("syncbn, groups of 2", "syncbn", {"sync_group": 2}),
+             "gn": ("gn (32 groups, capped)", "gn", {"cap_groups": True}),
+             "ln": ("ln", "ln", {}), "evonorm": ("evonorm", "evonorm", {}),
+             "brn": ("brn", "brn", {}),
+             "frozen_bn": ("frozen BN (once frozen)", "frozen_bn", {"freeze_after": 0})}
 
 
 def norm_cfg(kind: str, keys: dict | None = None) -> dict:
@@ -140,14 +147,14 @@ def norm_cfg(kind: str, keys: dict | None = None) -> dict:
 def fixes_cost(b: Bench) -> None:
     """Each of table-recover's fixes vs bn per step: resnet20, 4 simulated ranks x 2, on CPU."""
     steps, warm = b.n(40, 6), b.n(5, 2)
-    for label, (kind, keys) in FIX_NORMS.items():
+    for fix, (label, kind, keys) in FIX_NORMS.items():
         ours, bn = [], []
         for _ in range(b.n(3, 1)):  # alternating, so drift in the machine hits both alike
             bn += m.ddp_step_s("resnet20", norm_cfg("bn"), 2, steps, warm, simulate=4)
             ours += m.ddp_step_s("resnet20", norm_cfg(kind, keys), 2, steps, warm, simulate=4)
         b.row("fixes", f"{label}, resnet20, simulated 4 x 2", m.median(ours), "s/step",
               m.median(bn), "bn, simulated 4 x 2",
-              note="CPU, one process; PreciseBN's cost: the precisebn section")
+              note="CPU, one process; PreciseBN's cost: the precisebn section", fix=fix)
 
 
 def eval_throughput(b: Bench) -> None:

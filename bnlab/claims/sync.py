@@ -17,7 +17,6 @@ from it.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from bnlab.lab.page import seeds_line, wall_line
 from bnlab.lab.plan import plan
 from bnlab.lab.results import finished_run, train_seconds
 from bnlab.lab.spec import data_tag
-from bnlab.lab.table import Context, Table, Verdict
+from bnlab.lab.table import Context, Table, Verdict, bench_section
 from bnlab.paths import BENCH_RESULTS
 
 BATCHES = 50   # global batches of 8 per order for the variance bias
@@ -103,19 +102,11 @@ def cell_metrics(d: Path, seed: int, epochs: float) -> dict:
 
 
 def bench_rows(folder: Path = BENCH_RESULTS) -> dict:
-    """The syncbn section of every machine's benchmark results (none: empty)."""
-    out = {}
-    for f in sorted(folder.glob("*.json")):
-        res = json.loads(f.read_text())
-        rows = [r for r in res.get("rows", []) if r.get("section") == "syncbn"]
-        if rows:
-            runs = {r["id"]: r for r in res.get("runs", [])}
-            run = runs.get(rows[0].get("run"), {})
-            out[res["machine"]["machine"]] = {
-                "date": run.get("date"), "commit": run.get("commit"), "command": run.get("command"),
-                "rows": [{k: r[k] for k in ("what", "value", "ref", "ref_what", "ratio", "note")}
-                         for r in rows]}
-    return out
+    """The syncbn section of every machine's benchmark results (none: empty), the figures
+    its page shows."""
+    keep = ("what", "value", "ref", "ref_what", "ratio", "note")
+    return {machine: {**b, "rows": [{k: r[k] for k in keep} for r in b["rows"]]}
+            for machine, b in bench_section("syncbn", folder).items()}
 
 
 def measure(ctx: Context) -> dict:

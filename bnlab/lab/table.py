@@ -22,7 +22,7 @@ from bnlab.lab.page import provenance
 from bnlab.lab.plan import Spec
 from bnlab.lab.results import CellResult, collect
 from bnlab.lab.spec import load_spec
-from bnlab.paths import EXPERIMENTS, RUNS, shown
+from bnlab.paths import BENCH_RESULTS, EXPERIMENTS, RUNS, shown
 
 # ----------------------------------------------------------------------------------------
 # The verdict of a claim
@@ -248,6 +248,20 @@ def build(table: Table, ctx: Context) -> Any:
         table.also(data, ctx.out)
     print("wrote " + " and ".join(map(str, written)))
     return data
+
+
+def bench_section(section: str, folder: Path = BENCH_RESULTS) -> dict[str, dict]:
+    """`make bench`'s rows of one section (benchmarks/results/<machine>.json), by machine, each
+    with the run that measured them (its date, commit and command); {} where none has."""
+    out = {}
+    for f in sorted(folder.glob("*.json")):
+        res = json.loads(f.read_text())
+        rows = [r for r in res.get("rows", []) if r.get("section") == section]
+        if rows:
+            run = {r["id"]: r for r in res.get("runs", [])}.get(rows[0].get("run"), {})
+            out[res["machine"]["machine"]] = {"date": run.get("date"), "commit": run.get("commit"),
+                                              "command": run.get("command"), "rows": rows}
+    return out
 
 
 def save_results(path: Path, res: dict) -> None:

@@ -86,9 +86,10 @@ def test_the_spec_takes_each_chosen_cell_less_the_pilot_s_held_out_split():
                                    "record.predictions=false"], [0, 1], cfg={},
                  meta={"fix": "gn", "lr": 0.00625})
     cells = recover.spec_cells({"gn": {"state": "chosen", "cell": CellResult(pilot, [], 2)}})
-    assert [(c["input"], c["fix"]) for c in cells] == [
-        ("resnet20", "reference"), ("resnet20", "bn"), ("resnet20", "gn"),
-        ("resnet18 32 px", "reference"), ("resnet18 32 px", "bn"), ("resnet18 32 px", "gn")]
+    assert [(c["input"], c["fix"], c["order"]) for c in cells] == [
+        ("resnet20", "reference", 0), ("resnet20", "bn", 0), ("resnet20", "gn", 0),
+        ("resnet18 32 px", "reference", 1), ("resnet18 32 px", "bn", 1),
+        ("resnet18 32 px", "gn", 1)]  # resnet20's runs first
     assert cells[2]["overrides"] == ["norm=gn", "norm.cap_groups=true", "optim.lr=0.00625",
                                      "model=resnet20"]
     assert cells[5]["overrides"] == ["norm=gn", "norm.cap_groups=true", "optim.lr=0.00625",
@@ -99,3 +100,24 @@ def test_the_spec_takes_each_chosen_cell_less_the_pilot_s_held_out_split():
     with pytest.raises(BnlabError, match="has not chosen every fix yet: brn \\(undecided\\)"):
         recover.spec_cells({"gn": {"state": "chosen", "cell": CellResult(pilot, [], 2)},
                             "brn": {"state": "undecided", "cell": None}})
+
+
+def test_step_times_come_from_the_bench_rows_that_name_their_fix(tmp_path, monkeypatch):
+    row = {"section": "fixes", "what": "gn, resnet20", "value": 0.03, "ref": 0.06, "run": 0}
+    (tmp_path / "box.json").write_text(json.dumps({
+        "machine": {"machine": "test box"}, "runs": [{"id": 0, "command": "bench"}],
+        "rows": [{**row, "ratio": 0.5, "fix": "gn"}, {**row, "ratio": 1.5, "fix": "brn"},
+                 {**row, "ratio": 9.0},  # measured before rows named their fix: not read
+                 {**row, "section": "sim", "ratio": 7.0, "fix": "ln"}]}))
+    (tmp_path / "old.json").write_text(json.dumps({
+        "machine": {"machine": "old box"}, "runs": [], "rows": [{**row, "ratio": 9.0}]}))
+    times = recover.step_times(tmp_path)
+    assert times == {"test box": {"gn": 0.5, "brn": 1.5}}
+    d = data(tmp_path / "runs", LEVELS)
+    monkeypatch.setattr(recover, "step_times", lambda: times)
+    lines = recover.render(recover.Recover(d)).splitlines()
+    assert "| step time over bn's (test box) |" in lines[next(
+        i for i, x in enumerate(lines) if x.startswith("| cell |"))]
+    assert next(x for x in lines if x.startswith("| gn cell |")).endswith("| partly | 0.50x |")
+    assert next(x for x in lines if x.startswith("| bn cell |")).endswith("| 1x |")
+    assert next(x for x in lines if x.startswith("| syncbn cell |")).endswith("| - |")
