@@ -213,7 +213,8 @@ def test_a_loaded_run_keeps_frozen_bn_as_training_left_it(tmp_path, epoch, step_
     from bnlab.lab.spec import compose
     from bnlab.net import build_net
 
-    cfg = compose(["model=resnet20", "data=synthetic", "norm=frozen_bn", "norm.freeze_after=1"])
+    cfg = compose(["model=resnet20", "data=synthetic", "data.num_train=16", "data.num_val=16",
+                   "norm=frozen_bn", "norm.freeze_after=1"])
     checkpoint.save(tmp_path / checkpoint.CHECKPOINT, {
         "model": build_net(cfg).state_dict(), "epoch": epoch, "step": 7,
         "config": yaml.safe_dump(cfg), "resume": {"epoch": epoch, "step_in_epoch": step_in_epoch}})
