@@ -141,3 +141,18 @@ def test_the_local_syncbn_collectives_replace_the_ones_syncbn_calls(monkeypatch)
     out = [torch.zeros(2), torch.zeros(2)]
     bnlab.syncbn.tdist.all_gather(out, torch.ones(2))
     assert all(torch.equal(o, torch.ones(2)) for o in out)
+
+
+def test_the_fixes_benchmark_runs_table_recover_s_fixes_as_its_spec_does():
+    """Each fix the bench times is a fix of table-recover's spec (its page finds the row by
+    that name), configured as the spec's cell on resnet20; bn + PreciseBN steps as bn."""
+    import yaml
+
+    spec = yaml.safe_load((ROOT / "experiments" / "recover" / "sweep.yaml").read_text())
+    cells = {c["fix"]: c["overrides"] for c in spec["cells"] if c["input"] == "resnet20"}
+    assert set(bench.FIX_NORMS) == set(cells) - {"reference", "bn", "precise"}
+    for fix, (_, kind, keys) in bench.FIX_NORMS.items():
+        assert f"norm={kind}" in cells[fix], fix
+        for k, v in keys.items():
+            if fix != "frozen_bn":  # timed once frozen (freeze_after 0); the spec freezes later
+                assert f"norm.{k}={str(v).lower()}" in cells[fix], (fix, k)

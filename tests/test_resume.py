@@ -162,14 +162,20 @@ def test_nan_loss_marks_the_run_diverged_and_a_multirun_goes_on(tmp_path):
 
 def test_the_summary_of_a_run_whose_last_evaluation_was_not_finite(tmp_path):
     """on_nan=continue logs NaN as null: the closing summary says so instead of failing."""
+    from bnlab.jitter import MIN_EVALS
     from bnlab.metrics import summary
 
-    rows = [{"step": s, "epoch": s / 4, "val/acc": a, "val/loss": a and 2.0}
-            for s, a in enumerate([10.0, 12.0, 11.0, 13.0, 12.0, None], start=1)]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    text = summary(tmp_path, {"step": 6, "steps": 6, "val_images": 128})
-    assert "val acc not finite (loss not finite) after 6 evaluation(s)" in text
-    assert "jitter" not in text  # not over a tail holding a non-finite evaluation
+    def text(accs: list) -> str:
+        rows = [{"step": s, "epoch": s / 4, "val/acc": a, "val/loss": a and 2.0}
+                for s, a in enumerate(accs, start=1)]
+        (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return summary(tmp_path, {"step": len(accs), "steps": len(accs), "val_images": 128})
+
+    finite = [10.0 + i % 3 for i in range(MIN_EVALS + 1)]
+    assert "jitter over the last" in text(finite) and "val acc 12.00%" in text(finite)
+    last = text(finite + [None])
+    assert f"val acc not finite (loss not finite) after {MIN_EVALS + 2} evaluation(s)" in last
+    assert "jitter" not in last  # not over a tail holding a non-finite evaluation
 
 
 # -- the run directory's rules ------------------------------------------------------------

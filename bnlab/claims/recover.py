@@ -10,10 +10,13 @@ on the seed.
 
 The rules are data in experiments/recover/rules.yaml, committed before any final run
 (bnlab.lab.judge applies the comparisons). Per fix: its gap to the reference, its gain over bn
-(the fix's plateau accuracy minus bn's), the share of bn's loss it recovers (per seed, read
-only where bn breaks), and its state: recovers, partly, no better, unclear, or undecided while
-runs are to come. The 1 x 8 and bn 4 x 2 cells are table-values' runs (the same overrides).
-Writes experiments/recover/{table.md, recover.png}.
+(the fix's plateau accuracy minus bn's), the share of bn's loss it recovers (its mean gain
+over bn's mean gap, with a bootstrap interval over seeds; read only where bn breaks), and its
+state: recovers, partly, no better, unclear, or undecided while runs are to come; beside them,
+not ruled, its step time over bn's from `make bench ONLY=fixes` (benchmarks/results/). The
+1 x 8 and bn 4 x 2 cells are table-values' runs (the same overrides). resnet20's runs come
+first: its ranking writes experiments/recover/advice.json (the doctor's fix line) and the
+README's finding. Writes experiments/recover/{table.md, recover.png, advice.json}.
 """
 
 from __future__ import annotations
@@ -190,7 +193,8 @@ def measure(d: RunsData, c: CellResult) -> dict | None:
 def step_times(folder: Path = BENCH_RESULTS) -> dict[str, dict[str, float]]:
     """Each fix's step time over bn's on resnet20, by machine, from `make bench`'s fixes
     section (its rows name their fix); machines without such rows left out."""
-    out = {machine: {r["fix"]: r["ratio"] for r in b["rows"] if r.get("fix")}
+    out = {machine: {r["fix"]: r["ratio"] for r in b["rows"]
+                     if r.get("fix") and r.get("ratio") is not None}
            for machine, b in bench_section("fixes", folder).items()}
     return {machine: t for machine, t in out.items() if t}
 
@@ -203,7 +207,9 @@ def step_time(c: CellResult, times: dict[str, float]) -> str:
         return "bn's + recalibration"
     if fix == "bn":
         return "1x"
-    return "-" if fix not in times else f"{times[fix]:.2f}x"
+    if fix not in times:
+        return "-"
+    return f"{times[fix]:.2f}x" + (" once frozen" if fix == "frozen_bn" else "")
 
 
 def render(data: Recover) -> str:
@@ -244,8 +250,10 @@ def render(data: Recover) -> str:
         "simulated ranks x 2 in one process, measured side by side by `make bench ONLY=fixes` "
         "(benchmarks/results/; docs/performance.md). On a CPU in one process syncbn's "
         "collectives are local copies, so its figure is its arithmetic alone; bn + PreciseBN "
-        "steps as bn does and adds one recalibration an epoch (the precisebn section). "
-        + ("" if times else "No such measurement yet: run `make bench ONLY=fixes`."), "",
+        "steps as bn does and adds one recalibration an epoch (the precisebn section); frozen "
+        "BN steps as bn does until it freezes. "
+        + ("" if times else "No measurement that names its fix yet (rows measured before "
+           "they did are not read): run `make bench ONLY=fixes`."), "",
         *rules.history(RULES)]))
 
 

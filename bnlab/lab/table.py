@@ -59,7 +59,9 @@ class Finding:
     text: str
     table: str       # the table's name: experiments/<table>/table.md
     mark: str = ""   # bnlab.lab.rules.mark: " [†](experiments/<table>/table.md#...)" or ""
-    rank: int = 9    # its place in the README's list: the answer users asked for first
+    # its place in the README's list, the answer users asked for first; each table's finding
+    # its own rank, so the order never rests on the order the tables are listed in
+    rank: int = 9
 
     def line(self) -> str:
         """The README's form: the sentence, its table linked, its mark."""

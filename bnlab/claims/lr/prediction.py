@@ -110,7 +110,7 @@ def why(d: RunsData, ruled: float | None = None) -> Finding:
     m = judged(d)[1]
     if "P1" not in m:
         return Finding("Why BN jitters (the prediction written before table-lr's runs): its "
-                       "runs are still to come.", "lr", rank=4)
+                       "runs are still to come.", "lr", rank=5)
     low, ratio = predicted_rates(d)[0], m["ratio"]
     also = (f"{ratio[ruled]:.2f}x SyncBN's at lr {ruled:g} ({interval(d, ruled)}) and "
             if ruled is not None and ruled != low and ruled in ratio else "")
@@ -120,7 +120,7 @@ def why(d: RunsData, ruled: float | None = None) -> Finding:
             "variance than SyncBN's")
     return Finding(
         f"{head}: their part is {also}{ratio[low]:.2f}x at {low:g} ({interval(d, low)}), "
-        f"against >= {P1:g}x predicted.", "lr", rank=4)
+        f"against >= {P1:g}x predicted.", "lr", rank=5)
 
 
 def fit_line(d: RunsData, among: list[float], what: str) -> list[str]:

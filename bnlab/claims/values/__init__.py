@@ -177,7 +177,7 @@ def finding(d: RunsData) -> list[Finding]:
                       f"{fmt(m['lo'])} to {fmt(m['hi'])})" for m in broke)
             + (", as the doctor says" if verdict == "supported" else
                f": the doctor's thresholds there: {verdict}") + below(ms) + ".", "values",
-            rules.mark(RULES), rank=5))
+            rules.mark(RULES), rank=6))
     return out
 
 
