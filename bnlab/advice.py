@@ -13,14 +13,14 @@ TABLE = "make table-recover: experiments/recover/table.md"
 
 
 def said(entry: dict) -> str:
-    """'gn gets back 62% of BN's loss (95% CI 40 to 84): partly', or its state alone where it
-    has no share."""
+    """'GroupNorm (gn) gets back 62% of BN's loss (95% CI 40 to 84): partly', or its state
+    alone where it has no share."""
+    fix = entry["fix"] if entry.get("name") is None else f"{entry['name']} ({entry['fix']})"
     if entry.get("share") is None:
-        return f"{entry['fix']}: {entry['state']}"
+        return f"{fix}: {entry['state']}"
     ci = "" if entry.get("lo") is None else \
         f" (95% CI {100 * entry['lo']:.0f} to {100 * entry['hi']:.0f})"
-    return (f"{entry['fix']} gets back {100 * entry['share']:.0f}% of BN's loss{ci}: "
-            f"{entry['state']}")
+    return f"{fix} gets back {100 * entry['share']:.0f}% of BN's loss{ci}: {entry['state']}"
 
 
 def without_communication(options: str = "the lines below are options") -> str:

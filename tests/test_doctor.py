@@ -209,13 +209,14 @@ def test_the_fix_line_names_the_smallest_group_of_8_samples_and_cites_table_reco
         "where": "4 ranks x 2 on resnet20 (CIFAR-10)",
         "best": {"fix": "syncbn", "state": "recovers", "gain": 9.0, "share": 0.98, "lo": 0.9,
                  "hi": 1.06},
-        "best_free": {"fix": "gn", "state": "partly", "gain": 5.0, "share": 0.55, "lo": 0.4,
-                      "hi": 0.7}}))
+        "best_free": {"fix": "gn", "name": "GroupNorm", "state": "partly", "gain": 5.0,
+                      "share": 0.55, "lo": 0.4, "hi": 0.7}}))
     _, r = _json(capsys, "--model", "torchvision:resnet18", "--input", "3x32x32",
                  "--world", "4", "--batch-per-rank", "2")
     assert r["recommendations"][1] == (
-        "without per-step communication, at 4 ranks x 2 on resnet20 (CIFAR-10): gn gets back 55% "
-        "of BN's loss (95% CI 40 to 70): partly (make table-recover: experiments/recover/table.md)")
+        "without per-step communication, at 4 ranks x 2 on resnet20 (CIFAR-10): GroupNorm (gn) "
+        "gets back 55% of BN's loss (95% CI 40 to 70): partly (make table-recover: "
+        "experiments/recover/table.md)")
 
 
 def test_where_no_sync_group_reaches_8_samples_the_line_says_so(capsys):

@@ -59,6 +59,11 @@ def bn_at_the_break(model: str) -> list[str]:
 PILOT_ONLY = ("data.holdout=", "eval_every=", "record.predictions=")  # the pilot's, not ours
 # no per-step communication (PreciseBN all-reduces once per recalibration)
 COMMUNICATION_FREE = ("gn", "ln", "evonorm", "brn", "precise", "frozen_bn")
+# each fix as the finding, the doctor and the page's legend name it, with its spec name
+NAMES = {"syncbn": "SyncBN over all 4 ranks", "syncbn2": "SyncBN in groups of 2 ranks",
+         "gn": "GroupNorm", "ln": "LayerNorm", "evonorm": "EvoNorm-S0",
+         "precise": "BN with PreciseBN every epoch", "brn": "Batch Renormalization",
+         "frozen_bn": "frozen BN"}
 
 
 # ----------------------------------------------------------------------------------------
@@ -241,6 +246,7 @@ def render(data: Recover) -> str:
                        "churn floor (pts)", "gap to 1x8 (pts, 95% CI)",
                        "gain over bn (pts, 95% CI)", "share of bn's loss recovered (95% CI)",
                        "state", *(f"step time over bn's ({m})" for m in times)], rows), "",
+        "Fixes: " + "; ".join(f"{f}: {name}" for f, name in NAMES.items()) + ". "
         "Gap: the 1 x 8 reference's plateau accuracy minus the cell's (positive: accuracy "
         "lost), paired on the seed; gain: the cell's minus bn 4 x 2's; share: the mean gain "
         "over bn's mean gap, with a bootstrap interval over seeds. "
@@ -310,7 +316,8 @@ def picks(data: Recover) -> dict | None:
 
     def entry(f: str) -> dict:
         s = ms[f]["share"]
-        return {"fix": f, "state": ms[f]["state"], "gain": ms[f]["gain"]["gap"],
+        return {"fix": f, "name": NAMES.get(f, f), "state": ms[f]["state"],
+                "gain": ms[f]["gain"]["gap"],
                 **({"share": s[0], "lo": s[1], "hi": s[2]}
                    if math.isfinite(s[0]) else {})}
     gain = lambda f: ms[f]["gain"]["gap"]  # noqa: E731

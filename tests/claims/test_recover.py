@@ -58,9 +58,10 @@ def test_each_fix_is_judged_against_the_reference_and_bn(tmp_path):
     assert advice["best"]["fix"] == "syncbn" and advice["best_free"]["fix"] == "gn"
     assert advice["best_free"]["share"] == pytest.approx(share)
     f = recover.finding(recover.Recover(d))[0]
-    assert f.text.startswith("At 4 x 2 on resnet20: syncbn gets back ") and \
-        f.text.endswith("without per-step communication, gn gets back 50% of BN's loss (95% CI "
-                        "50 to 50): partly.")
+    assert f.text.startswith("At 4 x 2 on resnet20: SyncBN over all 4 ranks (syncbn) gets "
+                             "back ") and \
+        f.text.endswith("without per-step communication, GroupNorm (gn) gets back 50% of BN's "
+                        "loss (95% CI 50 to 50): partly.")
 
 
 def test_a_seed_still_to_come_leaves_the_fix_undecided_and_no_finding(tmp_path):
