@@ -247,6 +247,9 @@ def render(data: Recover) -> str:
                        "gain over bn (pts, 95% CI)", "share of bn's loss recovered (95% CI)",
                        "state", *(f"step time over bn's ({m})" for m in times)], rows), "",
         "Fixes: " + "; ".join(f"{f}: {name}" for f, name in NAMES.items()) + ". "
+        f"Each fix runs at the rate (and setting) {FIRST}'s pilot chose on held-out data "
+        "(table-recoverpilot), on both inputs: the 32 px input's own pilot was dropped to fit "
+        "the compute budget, so its rates may not be its best. "
         "Gap: the 1 x 8 reference's plateau accuracy minus the cell's (positive: accuracy "
         "lost), paired on the seed; gain: the cell's minus bn 4 x 2's; share: the mean gain "
         "over bn's mean gap, with a bootstrap interval over seeds. "
