@@ -331,14 +331,18 @@ def picks(data: Recover) -> dict | None:
 
 def finding(data: Recover) -> list[Finding]:
     """The best fix and the best communication-free one, in a sentence, in the doctor's words
-    (bnlab.advice.said); none until every cell has its seeds."""
+    (bnlab.advice.said), and the other fixes ruled no better than bn; none until every cell
+    has its seeds."""
     p = picks(data)
     if p is None:
         return []
     best, free = p["best"], p["best_free"]
     other = free is not None and free["fix"] != best["fix"]
+    worse = [f"{NAMES.get(f, f)} ({f})" for f, m in on_first(data).items()
+             if m["state"] == "no better" and f not in (best["fix"], free and free["fix"])]
     return [Finding(f"At 4 x 2 on {FIRST}: {said(best)}"
-                    + (f"; without per-step communication, {said(free)}" if other else "") + ".",
+                    + (f"; without per-step communication, {said(free)}" if other else "")
+                    + (f"; no better than BN: {', '.join(worse)}" if worse else "") + ".",
                     "recover", rules.mark(RULES), rank=2)]
 
 

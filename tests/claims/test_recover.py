@@ -61,7 +61,7 @@ def test_each_fix_is_judged_against_the_reference_and_bn(tmp_path):
     assert f.text.startswith("At 4 x 2 on resnet20: SyncBN over all 4 ranks (syncbn) gets "
                              "back ") and \
         f.text.endswith("without per-step communication, GroupNorm (gn) gets back 50% of BN's "
-                        "loss (95% CI 50 to 50): partly.")
+                        "loss (95% CI 50 to 50): partly; no better than BN: LayerNorm (ln).")
 
 
 def test_a_seed_still_to_come_leaves_the_fix_undecided_and_no_finding(tmp_path):
