@@ -33,7 +33,7 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
-from bnlab.advice import without_communication
+from bnlab.advice import measured, without_communication
 from bnlab.batchnorm import restore_modes, save_modes
 from bnlab.cli import imported
 from bnlab.errors import BnlabError
@@ -265,10 +265,10 @@ def recommend(layers: list[Layer], world: int, batch: int, min_values: int,
     tips.append(without_communication())
     channels = [layer.channels for layer in bns]
     g = max((g for g in range(1, 33) if all(c % g == 0 for c in channels)), default=1)
-    tips.append(f"gn with groups={g} (the most groups, up to 32, that divide every BN "
-                f"layer's channels: {math.gcd(*channels)} is their common divisor)"
-                if g > 1 else "gn: no group count above 1 divides every layer's channels; "
-                "use ln or per-layer groups")
+    tips.append((f"gn with groups={g} (the most groups, up to 32, that divide every BN "
+                 f"layer's channels: {math.gcd(*channels)} is their common divisor)"
+                 if g > 1 else "gn: no group count above 1 divides every layer's channels; "
+                 "use ln or per-layer groups") + measured("gn"))
     need = max(min_images, math.ceil(min_values / max(spatial, 1)))
     tips.append(f"or a per-rank batch of {need} or more (each sample gives {low.name} "
                 f"{spatial} value{'s' if spatial != 1 else ''} per channel)")

@@ -310,9 +310,9 @@ def on_first(data: Recover) -> dict[str, dict] | None:
 
 
 def picks(data: Recover) -> dict | None:
-    """The best fix and the best one without per-step communication on the first input, each
-    as advice.json holds it ({fix, state, gain, share, lo, hi}); None until every cell has its
-    seeds."""
+    """The best fix and the best one without per-step communication on the first input, and
+    every fix by name, each as advice.json holds it ({fix, name, state, gain, share, lo, hi});
+    None until every cell has its seeds."""
     ms = on_first(data)
     if ms is None:
         return None
@@ -326,7 +326,8 @@ def picks(data: Recover) -> dict | None:
     gain = lambda f: ms[f]["gain"]["gap"]  # noqa: E731
     free = [f for f in ms if f in COMMUNICATION_FREE]
     return {"where": f"4 ranks x 2 on {FIRST} (CIFAR-10)", "best": entry(max(ms, key=gain)),
-            "best_free": entry(max(free, key=gain)) if free else None}
+            "best_free": entry(max(free, key=gain)) if free else None,
+            "fixes": {f: entry(f) for f in ms}}
 
 
 def finding(data: Recover) -> list[Finding]:

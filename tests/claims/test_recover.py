@@ -57,6 +57,8 @@ def test_each_fix_is_judged_against_the_reference_and_bn(tmp_path):
     advice = json.loads((tmp_path / "advice.json").read_text())
     assert advice["best"]["fix"] == "syncbn" and advice["best_free"]["fix"] == "gn"
     assert advice["best_free"]["share"] == pytest.approx(share)
+    assert set(advice["fixes"]) == {"syncbn", "gn", "ln"} and \
+        advice["fixes"]["ln"]["state"] == "no better"  # the doctor's gn line reads its entry
     f = recover.finding(recover.Recover(d))[0]
     assert f.text.startswith("At 4 x 2 on resnet20: SyncBN over all 4 ranks (syncbn) gets "
                              "back ") and \
