@@ -311,16 +311,17 @@ def on_first(data: Recover) -> dict[str, dict] | None:
 
 def picks(data: Recover) -> dict | None:
     """The best fix and the best one without per-step communication on the first input, and
-    every fix by name, each as advice.json holds it ({fix, name, state, gain, share, lo, hi});
-    None until every cell has its seeds."""
+    every fix by name, each as advice.json holds it ({fix, name, state, gain, gap: [to the
+    reference, lo, hi], share, lo, hi}); None until every cell has its seeds."""
     ms = on_first(data)
     if ms is None:
         return None
 
     def entry(f: str) -> dict:
         s = ms[f]["share"]
+        g = ms[f]["gap"]
         return {"fix": f, "name": NAMES.get(f, f), "state": ms[f]["state"],
-                "gain": ms[f]["gain"]["gap"],
+                "gain": ms[f]["gain"]["gap"], "gap": [g["gap"], g["lo"], g["hi"]],
                 **({"share": s[0], "lo": s[1], "hi": s[2]}
                    if math.isfinite(s[0]) else {})}
     gain = lambda f: ms[f]["gain"]["gap"]  # noqa: E731
@@ -341,7 +342,7 @@ def finding(data: Recover) -> list[Finding]:
     other = free is not None and free["fix"] != best["fix"]
     worse = [f"{NAMES.get(f, f)} ({f})" for f, m in on_first(data).items()
              if m["state"] == "no better" and f not in (best["fix"], free and free["fix"])]
-    return [Finding(f"At 4 x 2 on {FIRST}: {said(best)}"
+    return [Finding(f"At 4 x 2 on {FIRST}: {said(best, gap=True)}"
                     + (f"; without per-step communication, {said(free)}" if other else "")
                     + (f"; no better than BN: {', '.join(worse)}" if worse else "") + ".",
                     "recover", rules.mark(RULES), rank=2)]

@@ -60,6 +60,8 @@ def test_each_fix_is_judged_against_the_reference_and_bn(tmp_path):
     assert set(advice["fixes"]) == {"syncbn", "gn", "ln"} and \
         advice["fixes"]["ln"]["state"] == "no better"  # the doctor's gn line reads its entry
     f = recover.finding(recover.Recover(d))[0]
+    assert ": recovers; " in f.text and \
+        "0.2 points below 1 x 8 (95% CI " in f.text.split(";")[0]  # the best fix's gap, why
     assert f.text.startswith("At 4 x 2 on resnet20: SyncBN over all 4 ranks (syncbn) gets "
                              "back ") and \
         f.text.endswith("without per-step communication, GroupNorm (gn) gets back 50% of BN's "
