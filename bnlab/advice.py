@@ -58,13 +58,16 @@ def measured(fix: str) -> str:
 
 def without_communication(options: str = "the lines below are options") -> str:
     """The doctor's line on fixes with no per-step communication (PreciseBN's all-reduce comes
-    once per recalibration): the best one table-recover
-    measured at 4 ranks x 2, citing it; or that it has not been measured yet, and where the
-    options are (`options`: the doctor's lines below them; bnlab.diagnose names the doctor)."""
+    once per recalibration): the best one table-recover measured at 4 ranks x 2 (or that none
+    did better than BN, and the closest), citing it; or that it has not been measured yet, and
+    where the options are (`options`: the doctor's lines below them; bnlab.diagnose names the
+    doctor)."""
     advice = read()
     try:
-        line = (f"without per-step communication, at {advice['where']}: "
-                f"{said(advice['best_free'])}")
+        free = advice["best_free"]
+        line = f"without per-step communication, at {advice['where']}: " + (
+            f"none did better than BN; the closest, {said(free)}"
+            if free["state"] == "no better" else said(free))
     except (KeyError, TypeError, AttributeError):
         return ("without per-step communication: which fix recovers most at the break has not been "
                 f"measured yet ({TABLE}); {options}, not yet ranked at the break")

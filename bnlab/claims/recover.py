@@ -332,20 +332,23 @@ def picks(data: Recover) -> dict | None:
 
 
 def finding(data: Recover) -> list[Finding]:
-    """The best fix and the best communication-free one, in a sentence, in the doctor's words
-    (bnlab.advice.said), and the other fixes ruled no better than bn; none until every cell
-    has its seeds."""
+    """Each fix that does better than bn, best first, in the doctor's words (bnlab.advice.said;
+    the best with its gap to 1 x 8), then the fixes ruled no better, in one sentence; none
+    until every cell has its seeds."""
     p = picks(data)
     if p is None:
         return []
-    best, free = p["best"], p["best_free"]
-    other = free is not None and free["fix"] != best["fix"]
-    worse = [f"{NAMES.get(f, f)} ({f})" for f, m in on_first(data).items()
-             if m["state"] == "no better" and f not in (best["fix"], free and free["fix"])]
-    return [Finding(f"At 4 x 2 on {FIRST}: {said(best, gap=True)}"
-                    + (f"; without per-step communication, {said(free)}" if other else "")
-                    + (f"; no better than BN: {', '.join(worse)}" if worse else "") + ".",
-                    "recover", rules.mark(RULES), rank=2)]
+    fixes = sorted(p["fixes"].values(), key=lambda e: -e["gain"])
+    better = [said(e, gap=i == 0) for i, e in enumerate(
+        e for e in fixes if e["state"] != "no better")]
+    worse = [f"{e['name']} ({e['fix']})" for e in fixes if e["state"] == "no better"]
+    free = [f for f in p["fixes"] if f in COMMUNICATION_FREE]
+    none_free = bool(free) and all(p["fixes"][f]["state"] == "no better" for f in free)
+    no_better = ("no fix does better than BN: " if not better else "no better than BN"
+                 + (" (every fix without per-step communication)" if none_free else "")
+                 + ": ") + ", ".join(worse)
+    return [Finding(f"At 4 x 2 on {FIRST}: " + "; ".join(better + ([no_better] if worse else []))
+                    + ".", "recover", rules.mark(RULES), rank=2)]
 
 
 def advice(data: Recover, out: Path) -> None:

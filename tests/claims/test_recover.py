@@ -64,8 +64,8 @@ def test_each_fix_is_judged_against_the_reference_and_bn(tmp_path):
         "0.2 points below 1 x 8 (95% CI " in f.text.split(";")[0]  # the best fix's gap, why
     assert f.text.startswith("At 4 x 2 on resnet20: SyncBN over all 4 ranks (syncbn) gets "
                              "back ") and \
-        f.text.endswith("without per-step communication, GroupNorm (gn) gets back 50% of BN's "
-                        "loss (95% CI 50 to 50): partly; no better than BN: LayerNorm (ln).")
+        f.text.endswith(": recovers; GroupNorm (gn) gets back 50% of BN's loss (95% CI 50 to "
+                        "50): partly; no better than BN: LayerNorm (ln).")
 
 
 def test_a_seed_still_to_come_leaves_the_fix_undecided_and_no_finding(tmp_path):
@@ -126,3 +126,22 @@ def test_step_times_come_from_the_bench_rows_that_name_their_fix(tmp_path, monke
     assert next(x for x in lines if x.startswith("| gn cell |")).endswith("| partly | 0.50x |")
     assert next(x for x in lines if x.startswith("| bn cell |")).endswith("| 1x |")
     assert next(x for x in lines if x.startswith("| syncbn cell |")).endswith("| - |")
+
+
+def test_the_finding_says_when_no_fix_without_communication_does_better(monkeypatch):
+    def entry(fix, state, gain):
+        return {"fix": fix, "name": recover.NAMES[fix], "state": state, "gain": gain,
+                "share": gain / 10, "lo": gain / 10 - 0.1, "hi": gain / 10 + 0.1,
+                "gap": [10 - gain, 9 - gain, 11 - gain]}
+    fixes = {"syncbn": entry("syncbn", "partly", 8.0), "gn": entry("gn", "no better", -4.0),
+             "precise": entry("precise", "no better", 0.5)}
+    monkeypatch.setattr(recover, "picks", lambda data: {"fixes": fixes})
+    assert recover.finding(None)[0].text == (
+        "At 4 x 2 on resnet20: SyncBN over all 4 ranks (syncbn) gets back 80% of BN's loss "
+        "(95% CI 70 to 90), 2.0 points below 1 x 8 (95% CI 1.0 to 3.0): partly; no better than "
+        "BN (every fix without per-step communication): BN with PreciseBN every epoch "
+        "(precise), GroupNorm (gn).")
+    fixes["syncbn"] = entry("syncbn", "no better", 0.2)
+    assert recover.finding(None)[0].text == (  # by gain, best first
+        "At 4 x 2 on resnet20: no fix does better than BN: BN with PreciseBN every epoch "
+        "(precise), SyncBN over all 4 ranks (syncbn), GroupNorm (gn).")
