@@ -271,28 +271,35 @@ def pct(x: float | None) -> float | None:
 
 
 def plot(data: Recover, path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    """Each measured fix's share of bn's loss recovered with its interval, one row a fix, best
+    first within each input: 0% is bn at 4 x 2, 100% the 1 x 8 reference (so both inputs read
+    on one axis)."""
     d = data.runs
     ms = [] if d is None else [(c, m) for c in d.cells
                                if c.cell.meta.get("fix") not in ("reference", "bn")
-                               and (m := measure(d, c)) is not None]
-    for i, (_, m) in enumerate(ms):
-        y, lo, hi = m["gain"]["gap"], m["gain"]["lo"], m["gain"]["hi"]
-        err = [[y - lo], [hi - y]] if lo is not None else None
-        ax.errorbar([i], [y], yerr=err, fmt="o", capsize=3, color=f"C{i % 10}")
+                               and (m := measure(d, c)) is not None
+                               and math.isfinite(m["share"][0])]
+    inputs = list(INPUTS)
+    ms.sort(key=lambda cm: (inputs.index(where(cm[0])), -cm[1]["share"][0]))
+    fig, ax = plt.subplots(figsize=(8, 1.6 + 0.38 * max(len(ms), 4)))
+    for i, (c, m) in enumerate(ms):
+        s, lo, hi = (100 * x if x is not None else None for x in m["share"])
+        err = [[s - lo], [hi - s]] if lo is not None else None
+        ax.errorbar([s], [-i], xerr=err, fmt="o", capsize=3,
+                    color=f"C{inputs.index(where(c))}")
     if ms:
-        for i, on in enumerate(dict.fromkeys(where(c) for c, _ in ms)):
-            bn_loss = judge.paired(by_fix(d, "bn", on), by_fix(d, "reference", on))["gap"]
-            ax.axhline(bn_loss, color=f"C{3 + i}", ls="--", lw=1,
-                       label=f"bn's loss on {on} ({bn_loss:.1f} pts)")
-        ax.axhline(0, color="grey", lw=1)
-        ax.set_xticks(range(len(ms)), [c.cell.label for c, _ in ms], rotation=30, ha="right")
-        ax.legend(fontsize=8)
+        ax.axvline(0, color="C3", lw=1, label="bn at 4 x 2")
+        ax.axvline(100, color="grey", ls="--", lw=1, label="the 1 x 8 reference")
+        ax.set_yticks([-i for i in range(len(ms))],
+                      [f"{where(c)}: {NAMES.get(c.cell.meta['fix'], c.cell.meta['fix'])}"
+                       for c, _ in ms])
+        ax.legend(fontsize=8, loc="lower right")
     else:
         nothing_yet(ax, data.waiting or "no fix has all its seeds and its references yet")
-    ax.set(ylabel="plateau accuracy over bn 4 x 2 (points)",
-           title="each fix's gain over bn (dashed: bn's loss)" if ms else "")
-    ax.grid(alpha=0.3)
+        ax.set_yticks([])
+    ax.set(xlabel="share of bn's loss recovered (%, 95% CI over seeds)",
+           title="each fix between bn (0%) and the 1 x 8 reference (100%)" if ms else "")
+    ax.grid(alpha=0.3, axis="x")
     save(fig, path, "What to use instead of BN at 4 ranks x 2")
 
 
@@ -332,23 +339,36 @@ def picks(data: Recover) -> dict | None:
 
 
 def finding(data: Recover) -> list[Finding]:
-    """Each fix that does better than bn, best first, in the doctor's words (bnlab.advice.said;
-    the best with its gap to 1 x 8), then the fixes ruled no better, in one sentence; none
-    until every cell has its seeds."""
+    """Each fix that does better than bn, best first, with the share of bn's loss it gets
+    back and its interval, then the fixes ruled no better, in one short sentence (its states
+    and gaps are on the page); none until every cell has its seeds."""
     p = picks(data)
     if p is None:
         return []
     fixes = sorted(p["fixes"].values(), key=lambda e: -e["gain"])
-    better = [said(e, gap=i == 0) for i, e in enumerate(
-        e for e in fixes if e["state"] != "no better")]
-    worse = [f"{e['name']} ({e['fix']})" for e in fixes if e["state"] == "no better"]
+    better = [e for e in fixes if e["state"] != "no better"]
+    worse = [e["name"] for e in fixes if e["state"] == "no better"]
+    parts = []
+    for i, e in enumerate(better):
+        if e.get("share") is None or e.get("lo") is None:
+            parts.append(said(e))
+        elif i == 0:
+            parts.append(f"{e['name']} gets back {100 * e['share']:.0f}% of BN's loss (95% CI "
+                         f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f})")
+        else:
+            parts.append(f"{e['name']} {100 * e['share']:.0f}% ({100 * e['lo']:.0f} to "
+                         f"{100 * e['hi']:.0f})")
     free = [f for f in p["fixes"] if f in COMMUNICATION_FREE]
-    none_free = bool(free) and all(p["fixes"][f]["state"] == "no better" for f in free)
-    no_better = ("no fix does better than BN: " if not better else "no better than BN"
-                 + (" (every fix without per-step communication)" if none_free else "")
-                 + ": ") + ", ".join(worse)
-    return [Finding(f"At 4 x 2 on {FIRST}: " + "; ".join(better + ([no_better] if worse else []))
-                    + ".", "recover", rules.mark(RULES), rank=2)]
+    if not better:
+        tail = "no fix beats BN"
+    elif free and all(p["fixes"][f]["state"] == "no better" for f in free):
+        tail = "no fix without per-step communication beats BN"
+    else:
+        tail = (f"{', '.join(worse)} do{'es' * (len(worse) == 1)} no better than BN"
+                if worse else "")
+    head = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)
+    text = "; ".join(x for x in (head, tail) if x)
+    return [Finding(f"At 4 x 2 on {FIRST}, {text}.", "recover", rules.mark(RULES), rank=2)]
 
 
 def advice(data: Recover, out: Path) -> None:
@@ -363,5 +383,5 @@ def advice(data: Recover, out: Path) -> None:
 
 
 TABLE = table.Table("recover", (), load, render, verdicts, plot, block="recover",
-                    finding=finding, also=advice)
+                    headline="recover.png", finding=finding, also=advice)
 

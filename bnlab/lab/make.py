@@ -79,10 +79,13 @@ def main(registry: dict[str, Table], argv: list[str] | None = None) -> int:
             if not a.report and c.table.measure is not None:
                 measure(c.table, c, train_s)
             built.append((c.table, build(c.table, c)))
-            # A README block is written once every table that shares it is built.
+        # A README block is written where every table that shares it is built, once all are:
+        # the headline's findings come from every table built, whatever its block.
+        for c in ctxs:
             group = [(t, d) for t, d in built if t.marker == c.table.marker]
-            if len(group) == sum(t.marker == c.table.marker for t in registry.values()):
-                write_verdicts(c.readme, c.table.marker, group)
+            if c.table is group[-1][0] and \
+                    len(group) == sum(t.marker == c.table.marker for t in registry.values()):
+                write_verdicts(c.readme, c.table.marker, group, built)
         return 0
 
     return run_cli(body)

@@ -36,11 +36,13 @@ def claim_rows(vs: list[Verdict], sweeping: bool = False) -> list[str]:
     return rows
 
 
-def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]]) -> None:
+def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]],
+                   every: list[tuple[Table, Any]] | None = None) -> None:
     """The verdicts of the tables in `built` between `<!-- marker:begin/end -->` of `readme`,
     in the claims' order. Where the tables are sweeps, the block also says how many of their
     runs have finished (verdicts are preliminary until all have) and their wall time together
-    against the budget."""
+    against the budget. The headline's findings and figures come from `every` table built
+    (default: `built`)."""
     if not any(t.claims for t, _ in built):
         return  # history: tables kept for their numbers, whose claims are ruled elsewhere
     ruled = [(t, v) for t, d in built for v in t.verdicts(d)]  # each table's rules run once
@@ -93,16 +95,21 @@ def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]]) ->
         "`bnlab/claims/<table>.py`.", "",
         *claim_rows(verdicts, done != expected), "", budget, end]))
     print(f"wrote the claims' verdicts into {readme}")
-    figures = [f"experiments/{t.name}/{t.headline}" for t, _ in built if t.headline]
-    if figures and readme.resolve() == (EXPERIMENTS / "README.md").resolve() and \
+    # the block whose tables have a headline figure (the settled one) also opens README.md
+    figures = [f"experiments/{t.name}/{t.headline}" for t, _ in (every or built) if t.headline]
+    if any(t.headline for t, _ in built) and \
+            readme.resolve() == (EXPERIMENTS / "README.md").resolve() and \
             all(d.root.resolve() == RUNS.resolve() for d in sweeps):  # the committed runs
-        found = sorted((f for t, d in built if t.finding for f in t.finding(d)),
-                       key=lambda f: f.rank)  # each read once
+        found = sorted((f for t, d in (every or built) if t.finding for f in t.finding(d)),
+                       key=lambda f: f.rank)[:FINDINGS]  # each read once, every table built
         marks = {v.claim: rules.mark(rules.read(t.rules)) for t, v in ruled if t.rules}
         write_headline(ROOT / "README.md", figures, verdicts, status, tuple(found), marks)
         write_json(HEADLINE, verdicts, status, tuple(found))
 
 
+# the README's first screen reads in a minute: its highest-ranked findings only (the others
+# stay on their tables' pages)
+FINDINGS = 5
 HEADLINE = EXPERIMENTS / "headline.json"  # the headline's verdicts for make demo to quote
 
 
