@@ -12,28 +12,21 @@ ADVICE = EXPERIMENTS / "recover" / "advice.json"
 TABLE = "make table-recover: experiments/recover/table.md"
 
 
-def said(entry: dict, gap: bool = False) -> str:
+def said(entry: dict) -> str:
     """'GroupNorm (gn) gets back 62% of BN's loss (95% CI 40 to 84): partly'; where it ends
     below bn, 'GroupNorm (gn) ends 4.1 points below BN (share of BN's loss recovered -45%, 95%
-    CI -60 to -30): no better'; its state alone where it has no share. `gap`: its gap to the
-    1 x 8 reference too, where the entry has it (', 1.4 points below 1 x 8 (95% CI -1.2 to
-    4.1)'), which the states recovers and unclear turn on."""
+    CI -60 to -30): no better'; its state alone where it has no share."""
     fix = entry["fix"] if entry.get("name") is None else f"{entry['name']} ({entry['fix']})"
-    short = ""
-    if gap and entry.get("gap") is not None:
-        g, lo, hi = entry["gap"]
-        short = f", {g:.1f} points below 1 x 8" + (
-            "" if lo is None else f" (95% CI {lo:.1f} to {hi:.1f})")
     if entry.get("share") is None:
-        return f"{fix}{short}: {entry['state']}"
+        return f"{fix}: {entry['state']}"
     ci = "" if entry.get("lo") is None else \
         f"95% CI {100 * entry['lo']:.0f} to {100 * entry['hi']:.0f}"
     if entry["share"] < 0:
         return (f"{fix} ends {-entry['gain']:.1f} points below BN (share of BN's loss "
-                f"recovered {100 * entry['share']:.0f}%{', ' + ci if ci else ''}){short}: "
+                f"recovered {100 * entry['share']:.0f}%{', ' + ci if ci else ''}): "
                 f"{entry['state']}")
     return (f"{fix} gets back {100 * entry['share']:.0f}% of BN's loss"
-            f"{f' ({ci})' if ci else ''}{short}: {entry['state']}")
+            f"{f' ({ci})' if ci else ''}: {entry['state']}")
 
 
 def read() -> dict | None:
