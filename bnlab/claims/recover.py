@@ -318,24 +318,20 @@ def on_first(data: Recover) -> dict[str, dict] | None:
 
 def picks(data: Recover) -> dict | None:
     """The best fix and the best one without per-step communication on the first input, and
-    every fix by name, each as advice.json holds it ({fix, name, state, gain, gap: [to the
-    reference, lo, hi], share, lo, hi}); None until every cell has its seeds."""
+    every fix by name, each as advice.json holds it ({fix, name, state, gain, share, lo, hi});
+    None until every cell has its seeds."""
     ms = on_first(data)
     if ms is None:
         return None
-
-    def entry(f: str) -> dict:
-        s = ms[f]["share"]
-        g = ms[f]["gap"]
-        return {"fix": f, "name": NAMES.get(f, f), "state": ms[f]["state"],
-                "gain": ms[f]["gain"]["gap"], "gap": [g["gap"], g["lo"], g["hi"]],
-                **({"share": s[0], "lo": s[1], "hi": s[2]}
-                   if math.isfinite(s[0]) else {})}
-    gain = lambda f: ms[f]["gain"]["gap"]  # noqa: E731
-    free = [f for f in ms if f in COMMUNICATION_FREE]
-    return {"where": f"4 ranks x 2 on {FIRST} (CIFAR-10)", "best": entry(max(ms, key=gain)),
-            "best_free": entry(max(free, key=gain)) if free else None,
-            "fixes": {f: entry(f) for f in ms}}
+    fixes = {f: {"fix": f, "name": NAMES.get(f, f), "state": m["state"],
+                 "gain": m["gain"]["gap"],
+                 **({"share": m["share"][0], "lo": m["share"][1], "hi": m["share"][2]}
+                    if math.isfinite(m["share"][0]) else {})}
+             for f, m in ms.items()}
+    gain = lambda f: fixes[f]["gain"]  # noqa: E731
+    free = [f for f in fixes if f in COMMUNICATION_FREE]
+    return {"where": f"4 ranks x 2 on {FIRST} (CIFAR-10)", "best": fixes[max(fixes, key=gain)],
+            "best_free": fixes[max(free, key=gain)] if free else None, "fixes": fixes}
 
 
 def finding(data: Recover) -> list[Finding]:

@@ -15,7 +15,7 @@ from bnlab.errors import BnlabError
 from bnlab.lab.plan import Cell, Spec
 from bnlab.lab.results import CellResult
 from bnlab.lab.table import RunsData
-from bnlab.paths import EXPERIMENTS
+from bnlab.paths import EXPERIMENTS, ROOT
 from conftest import fake_headline_run
 
 # per fix its plateau level; ln's moves about bn's from seed to seed (no gain on average)
@@ -127,8 +127,7 @@ def test_step_times_come_from_the_bench_rows_that_name_their_fix(tmp_path, monke
 def test_the_finding_says_when_no_fix_without_communication_does_better(monkeypatch):
     def entry(fix, state, gain):
         return {"fix": fix, "name": recover.NAMES[fix], "state": state, "gain": gain,
-                "share": gain / 10, "lo": gain / 10 - 0.1, "hi": gain / 10 + 0.1,
-                "gap": [10 - gain, 9 - gain, 11 - gain]}
+                "share": gain / 10, "lo": gain / 10 - 0.1, "hi": gain / 10 + 0.1}
     fixes = {"syncbn": entry("syncbn", "partly", 8.0), "gn": entry("gn", "no better", -4.0),
              "precise": entry("precise", "no better", 0.5)}
     monkeypatch.setattr(recover, "picks", lambda data: {"fixes": fixes})
@@ -143,7 +142,6 @@ def test_the_finding_says_when_no_fix_without_communication_does_better(monkeypa
 def test_the_readme_carries_the_finding_once_advice_json_is_written():
     """make report writes both from the same runs (its README block is written after every
     table is built, so table-recover's finding, outside the settled block, reaches it)."""
-    from bnlab.paths import ROOT
     readme = (ROOT / "README.md").read_text().split("<!-- headline:end -->")[0]
     there = (EXPERIMENTS / "recover" / "advice.json").is_file()
     assert ("([table-recover](experiments/recover/table.md))" in readme) == there
