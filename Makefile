@@ -38,11 +38,13 @@ test-gpu: $(INSTALL) ## on a CUDA machine: the cuda tests, then the GPU benchmar
 	$(PY) benchmarks/perfdoc.py
 
 # OUT: the check's folder (check.json, summary.txt, logs, bench.json, runs-cuda.tar.gz);
-# MINUTES: its whole time, the values sweep taking what is left
+# MINUTES: its whole time, the values sweep taking what is left; BENCH: the bench's sections
+# (default gpu,precision); K: the values sweep's runs per GPU (default: the bench's fastest)
 OUT ?= outputs/gpu-check/$(STAMP)
 MINUTES ?= 8
 gpu-check: $(INSTALL) ## on a CUDA machine, one command: cuda tests, CPU = CUDA, SyncBN kernels, gpu bench, values runs (docs/training.md)
-	$(PY) benchmarks/gpucheck.py --out $(OUT) --minutes $(MINUTES) $(if $(DATA),--data $(DATA)) $(if $(REHEARSE),--rehearse)
+	$(PY) benchmarks/gpucheck.py --out $(OUT) --minutes $(MINUTES) $(if $(DATA),--data $(DATA)) $(if $(REHEARSE),--rehearse) \
+		$(if $(BENCH),--bench $(BENCH)) $(if $(K),--runs-per-gpu $(K))
 
 test-slurm: install ## on a SLURM cluster: sweeps submitted for real (tests/slurm/local-cluster.sh [--two-nodes] starts one; ~10 min)
 	$(PY) -m pytest -q -m slurm -rs

@@ -198,29 +198,67 @@ def gpu(b: Bench) -> None:
     packing(b, "cuda")
 
 
-def packing(b: Bench, device: str, ks: tuple[int, ...] = PACK) -> None:
+# The precision section's variants: (label, precision, channels_last); the first is each
+# row's reference, measured alternately with the others in one run.
+VARIANTS = (("fp32", "fp32", False), ("bf16", "bf16", False),
+            ("fp32 channels_last", "fp32", True), ("bf16 channels_last", "bf16", True))
+LAYOUTS = ((4, 2), (1, 8))  # simulated ranks x images: the break and its reference
+
+
+def precision(b: Bench) -> None:
+    """bf16 autocast and channels_last against fp32 per training step (resnet20, resnet18;
+    4 x 2 simulated and 1 x 8), alternating; then the packing rows in fp32 and bf16 (on CUDA;
+    on the CPU only with --quick, K = 1 and 2, to check the code path)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    name = m.device_name(device)  # every row names its device
+    steps, warm = b.n(50, 4), b.n(10, 2)
+    for model in ("resnet20", "resnet18"):
+        for world, batch in LAYOUTS:
+            norm = "syncbn" if world > 1 else "bn"  # the recovered cell, and its reference
+            times: dict[str, list[float]] = {v[0]: [] for v in VARIANTS}
+            for _ in range(b.n(3, 1)):  # alternating, so drift in the machine hits all alike
+                for label, prec, cl in VARIANTS:
+                    times[label] += m.ddp_step_s(model, norm, batch, steps, warm,
+                                                 simulate=world, device=device,
+                                                 precision=prec, channels_last=cl)
+            ref = m.median(times["fp32"])
+            for label, *_ in VARIANTS:
+                b.row("precision", f"{name}: {model} {world} x {batch} ({norm}), {label}",
+                      m.median(times[label]), "s/step", None if label == "fp32" else ref,
+                      "" if label == "fp32" else "fp32, contiguous", precision=label,
+                      model=model, layout=f"{world}x{batch}")
+    if device == "cuda" or b.quick:
+        ks = (1, 8, 16) if device == "cuda" else (1, 2)
+        for prec in ("fp32", "bf16"):
+            packing(b, device, ks, prec)
+
+
+def packing(b: Bench, device: str, ks: tuple[int, ...] = PACK, precision: str = "fp32") -> None:
     """K runs of the headline cell side by side on one `device`, each its own process with
     cores / K threads, all starting together (a barrier once each has imported): each one's
     step time measured while all K train, then its evaluation time (the others evaluate or
     have finished then: a lower bound of its cost beside K runs), and the headline runs per
-    hour they give (estimated from those times, as the threads section)."""
+    hour they give (estimated from those times, as the threads section). `precision`: the
+    runs' (bf16 rows are named so)."""
     cores, name = os.cpu_count() or 1, m.device_name(device)
+    tag = "" if precision == "fp32" else f", {precision}"
     steps, per_hour = b.n(200, 12), {}
     for k in ks:
         threads = max(1, cores // k)
         with tempfile.TemporaryDirectory() as barrier:
-            res = _results([_worker("headline", steps, threads, device, barrier, k)
+            res = _results([_worker("headline", steps, threads, device, barrier, k, precision)
                             for _ in range(k)])
         step, ev = m.median([r[0] for r in res]), m.median([r[1] for r in res])
         run_s = HEADLINE_STEPS * step + HEADLINE_EVALS * ev
         per_hour[k] = k * 3600 / run_s
-        b.row("packing", f"{name}: {k} run(s) side by side, step", step, "s/step",
+        b.row("packing", f"{name}: {k} run(s) side by side{tag}, step", step, "s/step",
               note=f"{threads} thread(s) each; evaluation {ev:.2f} s; one run {run_s / 60:.1f} "
-              "min")
+              "min", precision=precision)
     for k, rate in per_hour.items():
-        b.row("packing", f"{name}: {k} run(s) side by side", rate, "runs/h", per_hour[ks[0]],
-              f"{ks[0]} run", note="headline cell (resnet20 4 x 2, 20 epochs), estimated from "
-              "the measured step and evaluation times")
+        b.row("packing", f"{name}: {k} run(s) side by side{tag}", rate, "runs/h",
+              per_hour[ks[0]], f"{ks[0]} run{tag}", note="headline cell (resnet20 4 x 2, 20 "
+              "epochs), estimated from the measured step and evaluation times",
+              precision=precision)
 
 
 def _worker(fn: str, *args, **kw) -> subprocess.Popen:
@@ -296,7 +334,7 @@ SECTIONS: dict[str, Callable[[Bench], None]] = {
     "overhead": overhead, "data": data_pipeline, "sim": simulation, "syncbn": syncbn_cost,
     "precisebn": precisebn_cost, "fixes": fixes_cost, "eval": eval_throughput,
     "threads": threads_and_sweep, "compile": compile_speedup, "channels_last": channels_last,
-    "preempt": preempt_check, "gpu": gpu,
+    "preempt": preempt_check, "gpu": gpu, "precision": precision,
 }
 
 
@@ -318,11 +356,11 @@ def worker(spec: str) -> None:
         step = m.median(m.trainer_step_s("resnet18", 2, steps, 6, CELL, threads=threads))
         out = (step, m.eval_s("resnet18", 256, 1017))
     elif s["fn"] == "headline":
-        steps, threads, device, barrier, k = s["args"]
+        steps, threads, device, barrier, k, prec = s["args"]
         wait_for_all(Path(barrier), k)
-        step = m.median(m.trainer_step_s("resnet20", 2, steps, 6, CELL, threads=threads,
-                                         device=device))
-        out = (step, m.eval_s("resnet20", 256, 1017, device=device))
+        step = m.median(m.trainer_step_s("resnet20", 2, steps, 6, [*CELL, f"precision={prec}"],
+                                         threads=threads, device=device))
+        out = (step, m.eval_s("resnet20", 256, 1017, device=device, precision=prec))
     else:
         out = getattr(m, s["fn"])(*s["args"], **s["kw"])
     print(json.dumps(out))

@@ -13,8 +13,11 @@ next (a failure is written down and the check goes on):
               syncbn in groups): every parameter and running statistic within 1e-10.
 4. syncbn     bnlab's SyncBN function against torch's SyncBatchNorm kernels and torch's
               BatchNorm on the batch (a one-rank NCCL group), float32 and bf16 autocast.
-5. bench      benchmarks/bench.py's gpu section, with the packing rows (K runs side by side).
-6. values     table-values' cells on this GPU, packed at the K the bench found fastest, into
+5. bench      benchmarks/bench.py's gpu and precision sections (--bench picks them): bf16 and
+              channels_last against fp32 per step, the packing rows (K runs side by side) in
+              fp32 and bf16.
+6. values     table-values' cells on this GPU (its GPU-only bf16 cells among them, rule v6),
+              packed at the K the bench found fastest (or --runs-per-gpu), into
               their own runs folder, until the time left runs out (--stop-after); their logs
               (no checkpoints) tarred into DIR.
 
@@ -46,7 +49,7 @@ from bnlab.paths import EXPERIMENTS, RUNS_CUDA  # noqa: E402  (RUNS_CUDA: never 
 VALUES_SPEC = EXPERIMENTS / "values" / "sweep.yaml"
 # table-values' inputs, the first first: each input's cells and its reference complete before
 # the next input starts, so a short slot finishes whole cells (the CPU plan runs seed-major).
-VALUES_FIRST = ("resnet18 32 px", "resnet20", "resnet18 64 px")
+VALUES_FIRST = ("resnet18 32 px", "resnet18 32 px bf16", "resnet20", "resnet18 64 px")
 SIM_TOL, SIM_STEPS = 1e-10, 3
 VALUES_EPOCHS, HEADLINE_EPOCHS = 10, 20  # a values run's epochs; the bench's packed cell's
 TAR_S = 30  # kept back from the values slot for tarring and writing
@@ -288,14 +291,16 @@ def junit_counts(xml: Path) -> dict[str, int]:
             "failed": n["failures"], "errors": n["errors"], "skipped": n["skipped"]}
 
 
-def bench(c: Check, quick: bool, timeout: float) -> dict[int, float]:
-    """The bench's gpu section; returns its packing rows' runs per hour by K."""
+def bench(c: Check, quick: bool, timeout: float, sections: str = "gpu,precision"
+          ) -> dict[int, float]:
+    """The bench's `sections`; returns its fp32 packing rows' runs per hour by K."""
     out = c.out / "bench.json"
-    cmd = [sys.executable, str(HERE / "bench.py"), "--only", "gpu", "--out", str(out)]
+    cmd = [sys.executable, str(HERE / "bench.py"), "--only", sections, "--out", str(out)]
     rc, text, wall = c.child(cmd + (["--quick"] if quick else []), timeout)
     rows = json.loads(out.read_text())["rows"] if out.is_file() else []
     rate = {int(r["what"].split(": ")[1].split(" ")[0]): r["value"] for r in rows
-            if r["section"] == "packing" and r["unit"] == "runs/h"}
+            if r["section"] == "packing" and r["unit"] == "runs/h"
+            and r.get("precision", "fp32") == "fp32"}  # the values sweep's cells: mostly fp32
     said = f"{len(rows)} rows"
     if rate:
         best = max(rate, key=rate.get)
@@ -320,11 +325,13 @@ def pick_k(rate: dict[int, float], slot_s: float) -> int:
 
 
 def values_spec(folder: Path) -> Path:
-    """table-values' spec with its inputs in VALUES_FIRST order (each input's cells one
-    order): the same cells, seeds and overrides, so the same run folders."""
+    """table-values' spec with its GPU-only cells (rule v6: bf16) and its inputs in
+    VALUES_FIRST order (each input's cells one order): the same cells, seeds and overrides,
+    so the same run folders."""
     import yaml
 
     raw = yaml.safe_load(VALUES_SPEC.read_text())
+    raw["cells"] += raw.pop("cuda_cells", [])
     rank = {inp: i for i, inp in enumerate(VALUES_FIRST)}
     for cell in raw["cells"]:
         cell["order"] = 10 * cell.get("batch", 8) + rank.get(cell["input"], len(rank))
@@ -369,10 +376,13 @@ def main() -> int:
                    help="the whole check's time; the values sweep gets what is left (default 8)")
     p.add_argument("--only", default=",".join(ORDER),
                    help=f"comma-separated steps (default all: {', '.join(ORDER)})")
+    p.add_argument("--bench", default="gpu,precision",
+                   help="the bench step's sections (default gpu,precision)")
     p.add_argument("--runs-per-gpu", type=int,
                    help="the values sweep's K (default: the bench's fastest)")
-    p.add_argument("--runs", type=Path, default=RUNS_CUDA,
-                   help="the values sweep's runs folder (default experiments/runs-cuda)")
+    p.add_argument("--runs", type=Path,
+                   help="the values sweep's runs folder (default experiments/runs-cuda; "
+                   "rehearsing, OUT/runs: a CPU's runs never enter the GPU's folder)")
     p.add_argument("--rehearse", action="store_true",
                    help="on CPU: the CPU stands in for CUDA, quick bench (code paths only)")
     p.add_argument("--step", help=argparse.SUPPRESS)
@@ -404,10 +414,10 @@ def main() -> int:
             c.step(name, device, limit)
         if name == "env" and "tests" in only:
             tests(c, data, 180)
-    rate = bench(c, a.rehearse, 300) if "bench" in only else {}
+    rate = bench(c, a.rehearse, 300, a.bench) if "bench" in only else {}
     if "values" in only:
         k = a.runs_per_gpu or pick_k(rate, c.left() - TAR_S)
-        values(c, data, k, device, a.runs)
+        values(c, data, k, device, a.runs or (a.out / "runs" if a.rehearse else RUNS_CUDA))
     failed = [n for n, r in c.results.items() if not r.get("ok")]
     print(f"\n{len(c.results) - len(failed)} of {len(c.results)} steps passed"
           f"{': failed ' + ', '.join(failed) if failed else ''}; {a.out / 'summary.txt'}")

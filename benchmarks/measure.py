@@ -22,6 +22,7 @@ from bnlab.models import build_model
 from bnlab.net import build_net
 from bnlab.optim import build_optimizer
 from bnlab.precise_bn import recalibrate
+from bnlab.precision import Precision
 
 OPTIM = {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4, "nesterov": False,
          "schedule": "constant", "warmup_epochs": 0, "step_milestones": [], "step_gamma": 1.0}
@@ -129,11 +130,13 @@ def _sync(device: torch.device | str) -> None:
 
 def ddp_step_s(model: str, norm: str | dict, batch: int, steps: int, warmup: int, simulate: int = 1,
                threads: int = 0, check_stop: bool = False, local_sync: bool = False,
-               device: str = "cpu") -> list[float]:
+               device: str = "cpu", precision: str = "fp32",
+               channels_last: bool = False) -> list[float]:
     """Seconds per optimizer step with the trainer's pieces (wrap, TrainLoader, train_step),
     on this rank or for the simulated group; `check_stop` adds the trainer's per-step
     preemption agreement (a 1-element max all-reduce); `local_sync` replaces SyncBN's
-    collectives by local copies (its computation without its communication)."""
+    collectives by local copies (its computation without its communication); `precision`
+    and `channels_last` as the run's keys (bnlab.precision)."""
     from bnlab.preempt import StopRequest
 
     if local_sync:
@@ -141,7 +144,8 @@ def ddp_step_s(model: str, norm: str | dict, batch: int, steps: int, warmup: int
 
     env = dist.init(device, "auto", threads=threads)
     cfg = _ddp_cfg(model, norm, simulate)
-    net_model = build_net(cfg).to(env.device)
+    amp = Precision(precision, channels_last, env.device)
+    net_model = amp.model(build_net(cfg).to(env.device))
     net = trainer.wrap(net_model, cfg, env)
     n = (steps + warmup) * batch * dist.world_size(cfg, env.world)
     train, val = make_synthetic(num_train=n, num_val=8)
@@ -153,7 +157,7 @@ def ddp_step_s(model: str, norm: str | dict, batch: int, steps: int, warmup: int
         dist.barrier()
         _sync(env.device)
         t0 = time.perf_counter()
-        trainer.train_step(net, micro, opt, meter, sync_grads=env.world * simulate > 1)
+        trainer.train_step(net, micro, opt, meter, sync_grads=env.world * simulate > 1, amp=amp)
         if check_stop:
             request.pending(env)
         _sync(env.device)
@@ -221,19 +225,23 @@ def device_name(device: str) -> str:
     return "CPU"
 
 
-def eval_s(model: str, batch: int, n: int = 1024, device: str = "cpu") -> float:
-    """Seconds for the trainer's evaluation of `n` validation images at batch `batch`."""
+def eval_s(model: str, batch: int, n: int = 1024, device: str = "cpu",
+           precision: str = "fp32") -> float:
+    """Seconds for the trainer's evaluation of `n` validation images at batch `batch` (under
+    `precision`'s autocast, as the trainer evaluates)."""
     data = build_dataset({"name": "synthetic", "num_train": 64, "num_val": n, "noise": 1.2,
                           "seed": 0, "train_limit": 0, "val_limit": 0})
     cfg = _ddp_cfg(model, "bn", 1)
     env = dist.init(device, "auto")
     net = build_net(cfg).to(env.device)
     val = data.val.to(env.device)
-    validation.val_metrics(net, data, val, env, batch)  # warm-up
-    _sync(env.device)
-    t0 = time.perf_counter()
-    validation.val_metrics(net, data, val, env, batch)
-    _sync(env.device)
+    amp = Precision(precision, False, env.device)
+    with amp.autocast():
+        validation.val_metrics(net, data, val, env, batch)  # warm-up
+        _sync(env.device)
+        t0 = time.perf_counter()
+        validation.val_metrics(net, data, val, env, batch)
+        _sync(env.device)
     return time.perf_counter() - t0
 
 

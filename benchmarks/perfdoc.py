@@ -70,6 +70,14 @@ WHY = {
            "device synchronised before each clock reading. The SyncBN rows time one layer's "
            "forward and backward through a one-rank NCCL group: the implementations' own "
            "arithmetic and one all_gather, with no other rank to wait for.",
+    "precision": "Each training step (the trainer's train_step, as a run takes it) in bf16 "
+                 "autocast and with channels-last weights and images, against fp32 with "
+                 "contiguous tensors, on the device the row names: resnet20 and torchvision "
+                 "resnet18 at 32 px, at 4 simulated ranks x 2 (syncbn: the recovered cell) and "
+                 "1 x 8 (bn), the four variants in alternating rounds in one run. At 8 images "
+                 "a step is a few dozen small kernels, so casts can cost more than bf16 saves; "
+                 "the packing rows below repeat the headline cell in fp32 and bf16 with K runs "
+                 "on one GPU.",
     "packing": "K runs of the headline cell (resnet20, 4 simulated ranks x 2 images) side by "
                "side on one GPU (`python -m bnlab.claims ... --runs-per-gpu K --jobs K`), each "
                "its own process with cores / K threads, all starting together; step times "

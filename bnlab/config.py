@@ -21,6 +21,7 @@ from bnlab.models import MODELS
 from bnlab.norms import NORMS
 from bnlab.optim import OPTIMIZERS, SCHEDULES
 from bnlab.precise_bn import ESTIMATORS, POOLINGS
+from bnlab.precision import PRECISIONS
 from bnlab.rundir import get_dotted
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
@@ -96,6 +97,7 @@ def validate(cfg: dict, here: bool = True) -> None:
     _check_data(cfg)
     _check_optim(cfg)
     _check_dist(cfg, here)
+    _check_precision(cfg, here)
     _check_records(cfg)
     _check_precise_bn(cfg)
 
@@ -192,6 +194,18 @@ def _check_dist(cfg: dict, here: bool) -> None:
           d["timeout_s"])
     _pos_int(cfg, "dist.threads", "a non-negative integer (0 = cores / local ranks)", minimum=0)
     _choice(cfg, "logger.wandb.mode", WANDB_MODES)
+
+
+def _check_precision(cfg: dict, here: bool) -> None:
+    """precision and channels_last; fp16 needs CUDA (`here`: on the machine that trains)."""
+    _choice(cfg, "precision", tuple(PRECISIONS))
+    v = cfg.get("channels_last", False)
+    _need(isinstance(v, bool), "channels_last", "true or false", v)
+    d = cfg["dist"]["device"]
+    cpu = d == "cpu" or (here and d == "auto" and not torch.cuda.is_available())
+    if cfg["precision"] == "fp16" and cpu:
+        raise BnlabError("precision=fp16 needs CUDA (its gradient scaler and half kernels are "
+                         "the GPU's); use precision=bf16 on the CPU.")
 
 
 def _check_records(cfg: dict) -> None:

@@ -59,7 +59,8 @@ ADDED_LATER = {"on_nan": "stop", "data.rank_skew": False, "record.predictions": 
                "record.decompose_after": 0.0, "optim.name": "sgd", "dist.bn_sync": "none",
                "norm.impl": "auto", "data.holdout": 0, "data.holdout_seed": 0,
                "data.image_size": 32, "eval_sparse_until": 0.0,
-               "record.decompose_batch": True, "optim.scale_from": 0}
+               "record.decompose_batch": True, "optim.scale_from": 0,
+               "precision": "fp32", "channels_last": False}
 
 
 # Keys that change nothing a run logs (the start-of-run warning's threshold, the doctor's:

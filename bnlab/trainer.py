@@ -28,6 +28,7 @@ from bnlab.errors import BnlabError
 from bnlab.metrics import PREDICTIONS, Meter, MetricsLogger, PredictionLog, essentials
 from bnlab.net import build_net
 from bnlab.optim import build_optimizer
+from bnlab.precision import FP32, Precision
 from bnlab.preempt import StopRequest
 from bnlab.resume import load_latest, rank_state, restore, truncate_metrics
 from bnlab.rundir import note_resume, set_status, write_run_info
@@ -70,22 +71,24 @@ def dense(cfg: dict, epoch: int) -> bool:
 
 
 def train_step(model: nn.Module, micro: list, opt: torch.optim.Optimizer, meter: Meter,
-               sync_grads: bool) -> torch.Tensor:
+               sync_grads: bool, amp: Precision = FP32) -> torch.Tensor:
     """One optimizer step over k micro-batches; DDP all-reduces only on the last one.
 
     Each micro-batch loss is divided by k and DDP averages over ranks, so the gradient is
-    the mean over all k * world * batch_per_gpu samples.
+    the mean over all k * world * batch_per_gpu samples. `amp`: the forward (loss included)
+    under the run's autocast, fp16's loss scaling, the images' memory format.
     """
     k = len(micro)
     opt.zero_grad(set_to_none=True)
     for i, (x, y) in enumerate(micro):
         skip = sync_grads and i < k - 1
         with model.no_sync() if skip else contextlib.nullcontext():
-            logits = model(x)
-            loss = F.cross_entropy(logits, y)
-            (loss / k).backward()
+            with amp.autocast():
+                logits = model(amp.images(x))
+                loss = F.cross_entropy(logits, y)  # float32 under autocast
+            amp.backward(loss / k)
         meter.add(loss, logits, y)
-    opt.step()
+    amp.step(opt)
     return loss.detach()
 
 
@@ -127,7 +130,7 @@ class Clock:
 
 def save_checkpoint(run_dir: Path, cfg: dict, model: nn.Module, opt, sched,
                     meters: list[Meter], env: dist.DistEnv, epoch: int, step_in_epoch: int,
-                    step: int) -> None:
+                    step: int, amp: Precision = FP32) -> None:
     """Everything needed to resume exactly at this step boundary (collective; rank 0 writes).
 
     `epoch`/`step_in_epoch`: where training continues (0-based epoch, steps done in it).
@@ -140,6 +143,7 @@ def save_checkpoint(run_dir: Path, cfg: dict, model: nn.Module, opt, sched,
             "scheduler": sched.state_dict(), "epoch": epoch, "step": step,
             "config": yaml.safe_dump(cfg, sort_keys=False),
             "rank_bn_stats": ranks_bn,  # every rank's running statistics (C7)
+            "scaler": amp.state_dict(),  # fp16's loss scale ({} otherwise)
             "resume": {"epoch": epoch, "step_in_epoch": step_in_epoch, "ranks": ranks,
                        "model": model.state_dict()},
         })
@@ -165,6 +169,7 @@ class Loop:
     logger: MetricsLogger
     preds: PredictionLog
     clock: Clock
+    amp: Precision    # autocast, fp16's gradient scaler, memory format
     step: int = 0
     last: dict = field(default_factory=dict)  # the latest evaluation and epoch metrics
     stopped: str = "completed"
@@ -187,7 +192,7 @@ class Loop:
 
     def checkpoint(self, epoch: int, i: int) -> None:
         save_checkpoint(self.run_dir, self.cfg, self.model, self.opt, self.sched, self.meters,
-                        self.env, epoch, i, self.step)
+                        self.env, epoch, i, self.step, self.amp)
 
 
 def setup(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None,
@@ -195,7 +200,8 @@ def setup(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None,
     """Build the run (data, model, optimizer, loggers), restore its checkpoint when resuming,
     and write run.json; returns the loop and where it continues (epoch, step in it)."""
     data = build_dataset(cfg["data"])
-    model = build_net(cfg).to(env.device)
+    amp = Precision.of(cfg, env.device)
+    model = amp.model(build_net(cfg).to(env.device))
     # Every rank starts from identical weights (same seed); DDP also broadcasts rank 0's.
     net = wrap(model, cfg, env)
     sim, world = cfg["dist"]["simulate"], dist.world_size(cfg, env.world)
@@ -218,6 +224,7 @@ def setup(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None,
     meters = [Meter(env.device), Meter(env.device)]
     ckpt = load_latest(run_dir) if resuming else None  # after wrap: own buffers win over DDP's
     epoch0, start, step = restore(ckpt, model, opt, sched, meters, env) if ckpt else (0, 0, 0)
+    amp.load_state_dict(ckpt.get("scaler", {}) if ckpt else {})
     if env.is_main:
         info = {"world": world, "simulated": sim > 1, "processes": env.world,
                 "device": str(env.device), "backend": env.backend, "steps_per_epoch": spe,
@@ -237,7 +244,7 @@ def setup(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None,
                            wandb_cfg=cfg["logger"]["wandb"])
     preds = PredictionLog(run_dir, env.is_main and cfg["record"]["predictions"], data.val.y)
     loop = Loop(cfg, run_dir, env, data, model, net, loader, evals, opt, sched,
-                data.val.to(env.device), meters, logger, preds, Clock(env.device), step=step,
+                data.val.to(env.device), meters, logger, preds, Clock(env.device), amp, step=step,
                 logged=(0.0, step))
     return loop, epoch0, start
 
@@ -277,10 +284,11 @@ def evaluate_now(lp: Loop, epoch: int, i: int, probe: GapProbe | None) -> None:
     """One evaluation (and the BN health metrics), timed apart from training."""
     lp.clock.stop()
     at = epoch + i / lp.spe
-    lp.last = {"step": lp.step, "epoch": at,
-               **evaluation(lp.model, lp.cfg, lp.data, lp.val, lp.env, lp.preds, lp.step, at)}
-    if lp.cfg["diagnostics"]["enabled"]:
-        lp.last.update(bn_health(lp.model, lp.cfg, lp.data, lp.val, lp.env, probe))
+    with lp.amp.autocast():  # evaluated as it trains
+        lp.last = {"step": lp.step, "epoch": at,
+                   **evaluation(lp.model, lp.cfg, lp.data, lp.val, lp.env, lp.preds, lp.step, at)}
+        if lp.cfg["diagnostics"]["enabled"]:
+            lp.last.update(bn_health(lp.model, lp.cfg, lp.data, lp.val, lp.env, probe))
     lp.logger.log(lp.last, echo=False)
     lp.clock.start()
 
@@ -299,7 +307,7 @@ def train_epoch(lp: Loop, epoch: int, first: int, request: StopRequest) -> int:
     for i, micro in enumerate(lp.loader.epoch(epoch, first), start=first + 1):
         probe = GapProbe(lp.model) if cfg["diagnostics"]["enabled"] and i in here else None
         with probe or contextlib.nullcontext():
-            loss = train_step(lp.net, micro, lp.opt, lp.meters[0], lp.ranks > 1)
+            loss = train_step(lp.net, micro, lp.opt, lp.meters[0], lp.ranks > 1, lp.amp)
         lp.sched.step()
         lp.step += 1
         bar.update(1)
@@ -333,7 +341,8 @@ def end_epoch(lp: Loop, epoch: int) -> None:
           "time/train_s": lp.clock.stop(),
           **(lp.synced if cfg["dist"]["bn_sync"] != "none" else {})}
     if precise_bn_due(cfg["precise_bn"], epoch, cfg["epochs"]):
-        ep.update(run_precise_bn(lp.model, cfg, lp.data, lp.val, lp.env, epoch))
+        with lp.amp.autocast():  # recalibrated on the activations the run computes
+            ep.update(run_precise_bn(lp.model, cfg, lp.data, lp.val, lp.env, epoch))
     lp.logger.log(ep, echo=False)
     lp.last = {**lp.last, **ep}
     dist.print0(f"epoch {epoch + 1}/{cfg['epochs']}  train/loss {ep['train_epoch/loss']:.4f}  "

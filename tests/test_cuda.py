@@ -146,3 +146,50 @@ def test_train_py_runs_syncbn_on_cuda_and_records_which_implementation(tmp_path,
     info = json.loads((d / "run.json").read_text())
     assert info["device"].startswith("cuda") and info["syncbn_impl"] == impl
     assert json.loads((d / "status.json").read_text())["status"] == "completed"
+
+
+# -- precision and channels_last on CUDA -----------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind,opts,share", [("bn", {}, 1), ("syncbn", {"sync_group": 2}, 2)])
+def test_simulated_norms_under_cuda_autocast_equal_torchs_batchnorm_per_group(kind, opts, share,
+                                                                               dtype):
+    """4 simulated ranks x 2 at 1x1 maps under CUDA autocast: torch's BatchNorm2d on each
+    group's samples under the same autocast (outputs, input gradient, running statistics in
+    float32)."""
+    import copy
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 16, 1, 1, device="cuda") * 3 + 1
+    g = torch.randn_like(x)
+    bn = reference(x, 16)
+    bn.momentum = 0.1
+    sim = SimulatedDDP(convert(copy.deepcopy(bn), kind, **opts), 4)
+    xi, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    refs = [copy.deepcopy(bn) for _ in range(4 // share)]
+    n = 8 // len(refs)
+    with torch.autocast("cuda", dtype=dtype):
+        y = sim(xi.to(dtype))
+        yr = torch.cat([r(xr[j * n:(j + 1) * n].to(dtype)) for j, r in enumerate(refs)])
+    y.float().backward(g)
+    yr.float().backward(g)
+    assert sim.module.running_var.dtype == torch.float32
+    torch.testing.assert_close(y.float(), yr.float(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(xi.grad, xr.grad, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(sim.module.running_mean, refs[0].running_mean)
+    torch.testing.assert_close(sim.module.running_var, refs[0].running_var)
+
+
+@needs_cifar
+@pytest.mark.parametrize("args", [["precision=bf16", "channels_last=true"],
+                                  ["precision=fp16", "norm=syncbn"]], ids=["bf16-cl", "fp16"])
+def test_train_py_trains_in_mixed_precision_on_cuda(tmp_path, args):
+    """A short simulated 4 x 2 run in bf16 (channels-last) and fp16 (with its gradient scaler,
+    whose state the checkpoint keeps) completes on CUDA with a finite loss."""
+    r = run_entry("train.py", *SMOKE, f"output_dir={tmp_path}/out", "dist.device=cuda",
+                  "dist.simulate=4", "batch_per_gpu=2", *args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (d,) = run_dirs(tmp_path)
+    assert json.loads((d / "status.json").read_text())["status"] == "completed"
+    ckpt = torch.load(d / "checkpoint.pt", weights_only=True)
+    assert bool(ckpt["scaler"]) == ("precision=fp16" in args)

@@ -38,7 +38,9 @@ def test_the_values_spec_keeps_every_cell_and_runs_one_input_at_a_time(tmp_path)
     new = yaml.safe_load(gpucheck.values_spec(tmp_path).read_text())
     assert gpucheck.values_spec(tmp_path).parent.name == "values"
     strip = [{k: v for k, v in c.items() if k != "order"} for c in new["cells"]]
-    assert strip == [{k: v for k, v in c.items() if k != "order"} for c in raw["cells"]]
+    gpu_only = raw["cells"] + raw["cuda_cells"]  # rule v6's bf16 cells: the GPU runs them
+    assert strip == [{k: v for k, v in c.items() if k != "order"} for c in gpu_only]
+    assert "cuda_cells" not in new and "cuda_cells" in raw
     order = {(c["input"], c.get("batch", 8)): c["order"] for c in new["cells"]}
     firsts = [order[(inp, 8)] for inp in gpucheck.VALUES_FIRST]
     assert firsts == sorted(firsts) and max(firsts) < min(order[k] for k in order if k[1] == 16)

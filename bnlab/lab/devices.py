@@ -44,6 +44,7 @@ def compare(here: RunsData, there: RunsData, judge: Judge,
             group: Callable[[CellResult], str], names: tuple[str, str] = ("CPU", "CUDA")) -> str:
     """One paragraph: every cell judged on the other device, its state and gap there and here;
     the references' accuracy on both; how many of each group's runs are still to come there.
+    A cell `there` alone has (one its spec runs on that device only) is said to be so.
     `names`: what to call here's and there's device."""
     mine = {c.cell.label: c for c in here.cells}
     a, b = names
@@ -55,10 +56,14 @@ def compare(here: RunsData, there: RunsData, judge: Judge,
             done, want = todo.get(key, (0, 0))
             todo[key] = (done + len(c.runs), want + c.expected)
             continue
-        h = judge(here, mine[c.cell.label])
+        own = mine.get(c.cell.label)
+        h = judge(here, own) if own is not None else None
         if m["state"] == "reference":
-            refs.append(f"{c.cell.label} {c.jstat('plateau_acc').fmt(1)} on {b}, "
-                        f"{mine[c.cell.label].jstat('plateau_acc').fmt(1)} on {a}")
+            refs.append(f"{c.cell.label} {c.jstat('plateau_acc').fmt(1)} on {b}, " + (
+                f"{own.jstat('plateau_acc').fmt(1)} on {a}" if own else f"{b} only"))
+            continue
+        if own is None:
+            cells.append(f"{c.cell.label}: {said(m)} on {b} ({b} only)")
             continue
         agree += h is not None and h["state"] == m["state"]
         cells.append(f"{c.cell.label}: {said(m)} on {b}; "
@@ -68,7 +73,9 @@ def compare(here: RunsData, there: RunsData, judge: Judge,
     parts = [f"{runs} of {want} runs, in experiments/{there.root.name}/, on {device_of(there)}"]
     if cells:
         parts += cells
-        parts.append(f"the same state on both devices in {agree} of {len(cells)} cells")
+        both = sum(c.cell.label in mine for c in there.cells if judge(there, c) is not None
+                   and judge(there, c)["state"] != "reference")
+        parts.append(f"the same state on both devices in {agree} of {both} cells")
     if refs:
         parts.append("the references' plateau accuracy (%): " + "; ".join(refs))
     left = {k: v for k, v in todo.items() if v[1]}

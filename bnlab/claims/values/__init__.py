@@ -21,6 +21,7 @@ thresholds, rule v4's seeds and rule v5's block, figure.py draws the figure.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from bnlab.claims.values.cells import *  # noqa: F403 (the table's names, one namespace)
 from bnlab.claims.values.cells import (
@@ -52,7 +53,9 @@ from bnlab.claims.values.doctor import (
 from bnlab.claims.values.figure import plot
 from bnlab.doctor import MIN_IMAGES, MIN_VALUES, at_risk
 from bnlab.lab import devices, page, rules, table
+from bnlab.lab.plan import Spec
 from bnlab.lab.results import fmt
+from bnlab.lab.spec import spec_from
 from bnlab.lab.table import Finding, RunsData, Verdict
 from bnlab.paths import RUNS_CUDA
 
@@ -118,14 +121,50 @@ def render(d: RunsData) -> str:
                                "enter none of them), and no verdict at 8 images per rank"})]))
 
 
+def with_gpu_cells(spec: Spec) -> Spec:
+    """The spec with its `cuda_cells` (rule v6: cells a GPU alone runs) among its cells."""
+    cuda = spec.extra.get("cuda_cells")
+    if not cuda:
+        return spec
+    more = spec_from({"experiment": spec.experiment, "cells": cuda}, spec.path, name=spec.name,
+                     here=False)
+    return replace(spec, cells=spec.cells + more.cells)
+
+
 def on_cuda(d: RunsData) -> str | None:
     """The cells' states from the GPU's runs (experiments/runs-cuda beside these), each beside
-    this folder's; None where no GPU run is there."""
-    there = devices.elsewhere(d, d.root.with_name(RUNS_CUDA.name))
+    this folder's, then whether bf16 moved the break (rule v6); None where no GPU run is
+    there."""
+    there = devices.elsewhere(replace(d, spec=with_gpu_cells(d.spec)),
+                              d.root.with_name(RUNS_CUDA.name))
     if there is None:
         return None
-    return devices.compare(d, there, measure, lambda c: c.cell.meta["input"] + (
+    said = devices.compare(d, there, measure, lambda c: c.cell.meta["input"] + (
         f", global batch {batch(c)}" if batch(c) != 8 else ""))
+    return said + (f" **Does bf16 move the break?** {x}" if (x := bf16_moved(there)) else "")
+
+
+def bf16_moved(there: RunsData) -> str | None:
+    """Rule v6 on the GPU's runs: each bf16 cell's state beside its fp32 cell's, and the
+    answer (moves, does not move, undecided); None where the spec has no bf16 cell."""
+    by_label = {c.cell.label: c for c in there.cells}
+    pairs = [(c, by_label[c.cell.meta["fp32"]]) for c in there.cells
+             if c.cell.meta.get("precision") == "bf16" and c.cell.meta["per_rank"] != batch(c)]
+    if not pairs:
+        return None
+    parts, states = [], []
+    for half, full in pairs:
+        mh, mf = measure(there, half), measure(there, full)
+        if mh is None or mf is None or "unclear" in (mh["state"], mf["state"]):
+            states.append("undecided")
+        else:
+            states.append("moves" if mh["state"] != mf["state"] else "does not move")
+        parts.append(f"{full.cell.label}: " + (devices.said(mh) if mh else "still to come")
+                     + " in bf16, " + (devices.said(mf) if mf else "still to come")
+                     + f" in fp32 ({states[-1]})")
+    answer = ("undecided" if "undecided" in states else
+              "yes" if "moves" in states else "no, the same state in every cell")
+    return f"{answer} ({'; '.join(parts)}; {RULES.words('answers', 'bf16')})."
 
 
 def verdicts(d: RunsData) -> list[Verdict]:

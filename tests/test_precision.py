@@ -1,0 +1,233 @@
+"""precision=bf16|fp16 and channels_last: every bnlab norm under bf16 autocast against torch's
+(or timm's) layer under the same autocast, at 2 samples per rank and at 1x1 maps; statistics
+and running buffers in float32; a bf16 run that trains and resumes bitwise; channels-last
+against contiguous in float64; the refusals."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from test_resume import SIM, assert_same_run
+
+from bnlab.models import build_model
+from bnlab.norms import convert
+from bnlab.precision import Precision
+from bnlab.simulate import SimulatedDDP
+from conftest import run_here
+
+BF16 = torch.bfloat16
+WORLD = 4
+SHAPES = [(8, 16, 1, 1), (8, 16, 4, 4)]  # 4 ranks x 2 samples: 2 values per channel at 1x1
+
+
+def _bn(c: int) -> nn.BatchNorm2d:
+    bn = nn.BatchNorm2d(c)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-0.5, 0.5)
+    return bn
+
+
+def _inputs(shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g) * 3 + 1, torch.randn(shape, generator=g)
+
+
+def _run(layer: nn.Module, x: torch.Tensor, g: torch.Tensor, autocast: bool = True):
+    """The layer's output (float32) and input gradient, under bf16 autocast."""
+    xi = x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=BF16, enabled=autocast):
+        y = layer(xi.to(BF16) if autocast else xi)
+    y.float().backward(g)
+    return y, xi.grad
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("kind,opts,share", [("bn", {}, 1), ("syncbn", {}, WORLD),
+                                             ("syncbn", {"sync_group": 2}, 2)])
+def test_simulated_batch_norms_equal_torchs_batchnorm_per_group_under_bf16(kind, opts, share,
+                                                                            shape):
+    """bn and syncbn at 4 simulated ranks x 2 under bf16 autocast: torch's BatchNorm2d on each
+    group's samples under the same autocast is the reference (outputs, input and affine
+    gradients, rank 0's running statistics)."""
+    torch.manual_seed(0)
+    x, g = _inputs(shape)
+    bn = _bn(shape[1])
+    sim = SimulatedDDP(convert(copy.deepcopy(bn), kind, **opts), WORLD)
+    y, dx = _run(sim, x, g)
+    groups, n = WORLD // share, shape[0] // (WORLD // share)
+    refs = [copy.deepcopy(bn) for _ in range(groups)]
+    xr = x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=BF16):
+        yr = torch.cat([r(xr[j * n:(j + 1) * n].to(BF16)) for j, r in enumerate(refs)])
+    yr.float().backward(g)
+    layer = sim.module
+    assert y.dtype == yr.dtype == BF16
+    assert layer.running_mean.dtype == layer.running_var.dtype == torch.float32
+    torch.testing.assert_close(y, yr, rtol=0, atol=0)
+    torch.testing.assert_close(dx, xr.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer.weight.grad, sum(r.weight.grad for r in refs))
+    torch.testing.assert_close(layer.bias.grad, sum(r.bias.grad for r in refs))
+    torch.testing.assert_close(layer.running_mean, refs[0].running_mean)
+    torch.testing.assert_close(layer.running_var, refs[0].running_var)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_torchs_batchnorm_reference_keeps_float32_statistics_under_bf16(shape):
+    """The reference itself: under bf16 autocast torch's BatchNorm takes its running
+    statistics in float32 from the bf16 input's values (not bf16 statistics)."""
+    x, _ = _inputs(shape)
+    bn = _bn(shape[1])
+    with torch.autocast("cpu", dtype=BF16):
+        bn(x.to(BF16))
+    xb = x.to(BF16).float()  # the values the layer saw, exactly
+    mean, var = xb.mean((0, 2, 3)), xb.var((0, 2, 3), unbiased=True)
+    torch.testing.assert_close(bn.running_mean, 0.1 * mean, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(bn.running_var, 0.9 + 0.1 * var, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("kind,opts", [
+    ("syncbn_naive", {}),
+    ("brn", {"hold_steps": 0, "r_ramp_steps": 1, "d_ramp_steps": 1})])
+def test_python_statistics_under_bf16_equal_their_float32_computation(kind, opts, shape):
+    """The naive sync and Batch Renorm compute their statistics in Python: under bf16 autocast
+    they equal the same layer in float32 on the values it saw (the bf16 input), to the
+    output's bf16 rounding; running statistics within float32 rounding."""
+    x, g = _inputs(shape)
+    bn = _bn(shape[1])
+    half = SimulatedDDP(convert(copy.deepcopy(bn), kind, **opts), WORLD)
+    full = SimulatedDDP(convert(copy.deepcopy(bn), kind, **opts), WORLD)
+    for _ in range(2):  # brn: the second batch is renormalized against the first's statistics
+        y, dx = _run(half, x, g)
+        yf, dxf = _run(full, x.to(BF16).float(), g, autocast=False)
+    assert y.dtype == BF16 and half.module.running_var.dtype == torch.float32
+    torch.testing.assert_close(y.float(), yf.to(BF16).float(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(dx, dxf, rtol=1e-2, atol=1e-2)
+    for name in ("running_mean", "running_var", "sim_running_mean", "sim_running_var"):
+        torch.testing.assert_close(getattr(half.module, name), getattr(full.module, name),
+                                   rtol=1e-6, atol=1e-6)
+
+
+def test_frozen_bn_under_bf16_equals_torchs_batchnorm_in_eval():
+    x, g = _inputs((8, 16, 1, 1))
+    bn = _bn(16)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    frozen = SimulatedDDP(convert(copy.deepcopy(bn), "frozen_bn").train(), WORLD)
+    y, dx = _run(frozen, x, g)
+    y_ref, dx_ref = _run(copy.deepcopy(bn).eval(), x, g)
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=0)
+    torch.testing.assert_close(dx, dx_ref)
+    torch.testing.assert_close(frozen.module.running_mean, bn.running_mean, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_evonorm_under_bf16_equals_timms_evonorm_s0(shape):
+    """EvoNorm-S0 against timm's EvoNorm2dS0 (same groups, v, weight and bias) under bf16
+    autocast: outputs and the gradients of the input and of v, weight, bias."""
+    timm_layers = pytest.importorskip("timm.layers")
+    x, g = _inputs(shape)
+    ours = convert(_bn(shape[1]), "evonorm", groups=8)
+    with torch.no_grad():
+        ours.v.uniform_(0.5, 1.5)
+    ref = timm_layers.EvoNorm2dS0(shape[1], groups=8, eps=ours.eps)
+    ref.load_state_dict({"weight": ours.weight, "bias": ours.bias, "v": ours.v})
+    y, dx = _run(ours, x, g)
+    yr, dxr = _run(ref, x, g)
+    assert y.dtype == yr.dtype == BF16
+    torch.testing.assert_close(y.float(), yr.float(), rtol=1e-2, atol=2e-2)
+    torch.testing.assert_close(dx, dxr, rtol=2e-2, atol=2e-2)
+    for name in ("v", "weight", "bias"):
+        torch.testing.assert_close(getattr(ours, name).grad, getattr(ref, name).grad,
+                                   rtol=2e-2, atol=5e-2)
+
+
+# -- channels-last: the same numbers as contiguous, in float64 ---------------------------------
+
+@pytest.mark.parametrize("kind,opts", [
+    ("bn", {}), ("syncbn", {"sync_group": 2}), ("syncbn_naive", {}), ("gn", {"groups": 8}),
+    ("evonorm", {"groups": 8}), ("brn", {"hold_steps": 0, "r_ramp_steps": 1,
+                                         "d_ramp_steps": 1})])
+def test_channels_last_gives_contiguous_numbers_in_float64(kind, opts):
+    """torchvision resnet18 (1x1 maps in layer4 at 32 px), 4 simulated ranks x 2, two forward
+    and backward passes in float64: outputs, every gradient and every running statistic agree
+    to float64 rounding (relative to the largest gradient: BN at 2 values per channel
+    amplifies rounding)."""
+    torch.manual_seed(0)
+    model = convert(build_model("resnet18"), kind, **opts).double()
+    amp = Precision("fp32", channels_last=True)
+    nets = [SimulatedDDP(copy.deepcopy(model), WORLD),
+            SimulatedDDP(amp.model(copy.deepcopy(model)), WORLD)]
+    assert nets[1].module.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    x = torch.randn(8, 3, 32, 32, dtype=torch.float64)
+    y = torch.randint(0, 10, (8,))
+    got = []
+    for net, xx in zip(nets, (x, amp.images(x)), strict=True):
+        for _ in range(2):
+            net.zero_grad()
+            out = net(xx)
+            F.cross_entropy(out, y).backward()
+        got.append((out, [p.grad for p in net.parameters()], list(net.buffers())))
+    (out_a, grads_a, bufs_a), (out_b, grads_b, bufs_b) = got
+    scale = max(gr.abs().max().item() for gr in grads_a)
+    assert (out_a - out_b).abs().max().item() <= 1e-10
+    assert max((a - b).abs().max().item() for a, b in zip(grads_a, grads_b, strict=True)) \
+        <= 1e-8 * scale
+    for a, b in zip(bufs_a, bufs_b, strict=True):
+        assert torch.allclose(a.double(), b.double(), rtol=1e-10, atol=1e-10)
+
+
+# -- the trainer ---------------------------------------------------------------------------------
+
+def test_a_bf16_channels_last_run_trains_and_resumes_bitwise(tmp_path):
+    """A bf16 run (channels-last, 2 simulated ranks) stopped by max_steps and extended from its
+    checkpoint ends bit for bit as the uninterrupted one, metrics and predictions included."""
+    amp = [*SIM, "precision=bf16", "channels_last=true"]
+    ref, d = tmp_path / "ref", tmp_path / "run"
+    p = run_here("train.py", *amp, f"hydra.run.dir={ref}", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    p = run_here("train.py", *amp, "max_steps=8", f"hydra.run.dir={d}", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    p = run_here("train.py", *amp, "max_steps=0", f"hydra.run.dir={d}", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "resuming" in p.stdout
+    assert_same_run(ref, d)
+    fp32 = tmp_path / "fp32"
+    p = run_here("train.py", *SIM, f"hydra.run.dir={fp32}", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    a = torch.load(ref / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(fp32 / "checkpoint.pt", weights_only=True)["model"]
+    assert any(not torch.equal(a[k], b[k]) for k in a)  # bf16 did compute differently
+
+
+@pytest.mark.parametrize("args,said", [
+    (["precision=fp16"], "precision=fp16 needs CUDA"),
+    (["precision=fp8"], "precision must be one of fp32, bf16, fp16"),
+    (["channels_last=yes"], "channels_last must be true or false")])
+def test_a_precision_that_cannot_run_is_refused_in_one_sentence(tmp_path, args, said):
+    p = run_here("train.py", "data=synthetic", "dist.device=cpu", *args, f"output_dir={tmp_path}",
+                 f"hydra.run.dir={tmp_path / 'r'}", cwd=tmp_path)
+    assert p.returncode == 2
+    assert said in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_fp32_is_the_default_and_changes_no_run_directory_name():
+    """fp32 and contiguous are the defaults, so every committed run keeps its name."""
+    from bnlab.lab.plan import Cell
+    from bnlab.lab.spec import compose
+
+    cfg = compose(["data=synthetic"])
+    assert cfg["precision"] == "fp32" and cfg["channels_last"] is False
+    plain = Cell("a", [], [0], cfg=cfg)
+    half = Cell("b", [], [0], cfg=compose(["data=synthetic", "precision=bf16"]))
+    assert plain.key != half.key
+    old = {k: v for k, v in cfg.items() if k not in ("precision", "channels_last")}
+    assert Cell("c", [], [0], cfg=old).key == plain.key
+
