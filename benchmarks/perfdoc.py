@@ -76,8 +76,8 @@ WHY = {
                  "resnet18 at 32 px, at 4 simulated ranks x 2 (syncbn: the recovered cell) and "
                  "1 x 8 (bn), the four variants in alternating rounds in one run. At 8 images "
                  "a step is a few dozen small kernels, so casts can cost more than bf16 saves; "
-                 "the packing rows below repeat the headline cell in fp32 and bf16 with K runs "
-                 "on one GPU.",
+                 "the same run's packing rows (the packing section, run 1) repeat the headline "
+                 "cell in fp32 and bf16 with K runs on one GPU.",
     "packing": "K runs of the headline cell (resnet20, 4 simulated ranks x 2 images) side by "
                "side on one GPU (`python -m bnlab.claims ... --runs-per-gpu K --jobs K`), each "
                "its own process with cores / K threads, all starting together; step times "
@@ -140,12 +140,18 @@ def section(res: dict) -> list[str]:
         out += [f"### {name}", "", WHY.get(name, ""), ""]
         if name in OPTIONS:
             out += [option_verdict(name, rows), ""]
-        out += ["| figure | measured | against | ratio | note |", "|---|---|---|---|---|"]
+        runs = sorted({r.get("run", 0) for r in rows})
+        if len(runs) > 1:  # a section measured by several runs: ratios only within one run
+            out += [f"Rows from runs {', '.join(map(str, runs))} (the run column): each ratio "
+                    "is within its run; across runs the machine's load may differ.", ""]
+        run_col = len(runs) > 1
+        out += ["| figure | measured | against | ratio | note |" + (" run |" if run_col else ""),
+                "|---|---|---|---|---|" + ("---|" if run_col else "")]
         for r in rows:
             against = f"{r['ref_what']} ({_fmt(r['ref'])})" if r["ref"] else ""
             ratio = f"{r['ratio']:.3f}x" if r["ratio"] else ""
             out.append(f"| {r['what']} | {_fmt(r['value'])} {r['unit']} | {against} | "
-                       f"{ratio} | {r['note']} |")
+                       f"{ratio} | {r['note']} |" + (f" {r.get('run', 0)} |" if run_col else ""))
         out.append("")
     return out
 

@@ -5,6 +5,7 @@ own rule cell by cell, beside this folder's. The two devices' runs never share a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -37,6 +38,9 @@ def device_of(d: RunsData) -> str:
 
 
 def said(m: dict) -> str:
+    """A cell's state and gap, or why it has no gap (diverged on every seed)."""
+    if not math.isfinite(m["gap"]):
+        return f"{m['state']} ({m.get('why') or 'no finite gap'})"
     return f"{m['state']}, {m['gap']:+.1f} ({fmt(m['lo'])} to {fmt(m['hi'])}, {m['n']} seeds)"
 
 
