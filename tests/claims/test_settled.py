@@ -929,3 +929,48 @@ def test_the_values_cells_on_a_second_device_are_judged_apart_and_set_beside(tmp
     assert "still to come on CUDA: resnet18 64 px (0 of 12 runs), resnet20 (3 of 9 runs)" in said
     assert devices.elsewhere(cpu, tmp_path / "nothing") is None
     assert devices.elsewhere(cpu, cpu.root) is None  # never a folder against itself
+
+
+def test_rule_v6_sets_each_bf16_cell_beside_its_fp32_cell_on_the_gpu(tmp_path):
+    """A GPU-only bf16 cell is judged against its own bf16 1 x 8; the break moves where its
+    state differs from the fp32 cell's, not where only the gap does; a cell the CPU never ran
+    is said to be the GPU's only; a cell that diverged on every seed breaks without a gap."""
+    import copy
+
+    from bnlab.lab import devices
+
+    def with_bf16(d: RunsData, gaps: dict[int, float | str]) -> RunsData:
+        extra = []
+        for per_rank in (2, 4, 8):
+            full = cell_of(d, "resnet18 32 px", per_rank)
+            half = copy.deepcopy(full)
+            half.cell.label = full.cell.label + " bf16"
+            half.cell.meta = {**full.cell.meta, "input": "resnet18 32 px bf16",
+                              "precision": "bf16", "fp32": full.cell.label}
+            g = gaps.get(per_rank, 0.0)
+            where = d.root / "bf16" / str(per_rank)
+            half.runs = [values_run(where / f"s{s}", 0.0 if g == "diverged" else g, s, 2 * per_rank,
+                                    status="diverged" if g == "diverged" else "completed",
+                                    salt=9) for s in range(3)]
+            extra.append(half)
+        d.cells = d.cells + extra
+        return d
+
+    cpu = values_data(tmp_path / "cpu", {("resnet18 32 px", 2): 20.0, ("resnet18 32 px", 4): 8.0})
+    gpu = with_bf16(values_data(tmp_path / "gpu", {("resnet18 32 px", 2): 20.0,
+                                                    ("resnet18 32 px", 4): 8.0}),
+                    {2: "diverged", 4: 8.0})
+    said = values.bf16_moved(gpu)
+    assert said.startswith("no, the same state in every cell")
+    assert "resnet18 32 px 4x2: breaks (diverged on seed 0, 1, 2) in bf16" in said
+    assert "resnet18 32 px 2x4: breaks, +8.0" in said
+    both = devices.compare(cpu, gpu, values.measure, lambda c: c.cell.meta["input"])
+    assert "resnet18 32 px 2x4 bf16: breaks, +8.0" in both and "(CUDA only)" in both
+    # the 7 cells both devices ran (every input's but the references); the bf16 ones not counted
+    assert "the same state on both devices in 7 of 7 cells" in both
+    assert "resnet18 32 px 1x8 bf16 " in both and "CUDA only" in both
+    moved = with_bf16(values_data(tmp_path / "gpu2", {("resnet18 32 px", 2): 20.0,
+                                                       ("resnet18 32 px", 4): 8.0}), {4: 0.0})
+    assert values.bf16_moved(moved).startswith("yes")  # 2x4 holds in bf16, breaks in fp32
+    assert "resnet18 32 px 2x4: holds" in values.bf16_moved(moved)
+    assert values.bf16_moved(cpu) is None  # no bf16 cell in the spec
