@@ -17,6 +17,7 @@ and converts them with the same function; the config group `norm/` picks one ent
 | frozen_bn    | none: BN kept in eval mode (running statistics, not updated) while training |
 | brn          | this rank's batch, renormalized towards the running statistics (Ioffe 2017)  |
 | evonorm      | none: EvoNorm-S0 (Liu et al. 2020), x sigmoid(v x) / its group's std       |
+| gnws         | none: GroupNorm, and the convolution feeding it weight-standardized (WS)   |
 
 The batch-free kind is EvoNorm-S0 rather than Filter Response Normalization: FRN divides each
 channel by its mean square over the pixels of one sample, which at a 1x1 map (resnet18's last
@@ -38,6 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 from bnlab.batchnorm import BatchNormXd, BatchRenorm, FrozenBatchNorm, RankBatchNorm
 from bnlab.compat import BN_TAKES_BIAS, GN_TAKES_BIAS, bias_kw, drop_bias
 from bnlab.errors import BnlabError
+from bnlab.wsconv import WSConv2d, feeding_convs, from_conv, to_conv
 
 # ----------------------------------------------------------------------------------------
 # Registry: each entry builds the new layer from the BN layer it replaces, keeping its state.
@@ -180,6 +182,11 @@ def _ln(bn, name, eps=_KEEP):
     return _group_norm(bn, 1, eps)
 
 
+def _gnws(bn, name, groups=32, cap_groups=False, eps=_KEEP, ws_eps=1e-6):
+    """GroupNorm in place of BN; `convert` standardizes the conv that feeds it (ws_eps)."""
+    return _gn(bn, name, groups, cap_groups, eps)
+
+
 NORMS: dict[str, Callable[..., nn.Module]] = {
     "bn": _bn,
     "syncbn": _syncbn,
@@ -189,6 +196,7 @@ NORMS: dict[str, Callable[..., nn.Module]] = {
     "frozen_bn": _frozen_bn,
     "brn": _brn,
     "evonorm": _evonorm,
+    "gnws": _gnws,
 }
 
 # Layers whose forward is known: a BN subclass with another forward, or with child modules
@@ -260,7 +268,7 @@ def convert(model: nn.Module, kind: str, *, skip: Iterable[str] = (), **opts) ->
 
     `opts` are the kind's options (`sync_group`, or for syncbn a torch `process_group` of any
     ranks, as torch's `convert_sync_batchnorm` takes; `groups`, `cap_groups`, `freeze_after`;
-    brn's `r_max`, `d_max` and ramp);
+    brn's `r_max`, `d_max` and ramp; gnws's `ws_eps`);
     `eps` or `momentum`, when given, replace the layers' own. `skip` names layers to leave as
     they are. InstanceNorm and other norms are left alone. Returns the model (a new module
     only when `model` is itself a BatchNorm layer).
@@ -274,8 +282,14 @@ def convert(model: nn.Module, kind: str, *, skip: Iterable[str] = (), **opts) ->
         raise BnlabError(f"skip names {sorted(skip - names)}, which the model does not have; "
                          f"name layers as model.named_modules() does.")
     make = NORMS[kind]
+    # gnws: the convolutions whose outputs the converted layers normalize, standardized
+    ws = set(feeding_convs(model, {n for n, m in model.named_modules()
+                                   if isinstance(m, _BatchNorm) and n not in skip}).values()) \
+        if kind == "gnws" else set()
 
     def pick(module: nn.Module, name: str) -> nn.Module | None:
+        if name in ws and not isinstance(module, WSConv2d):
+            return from_conv(module, opts.get("ws_eps", 1e-6))
         if not isinstance(module, _BatchNorm):
             return None
         if name in skip:
@@ -294,11 +308,15 @@ def revert(model: nn.Module) -> nn.Module:
     SyncBatchNorm) for every bnlab BN layer and torch SyncBatchNorm, state included.
 
     GroupNorm, LayerNorm and EvoNorm keep no batch statistics, so a model converted to gn, ln
-    or evonorm stays as it is. A simulated model gives back rank 0's running statistics.
+    or evonorm stays as it is; gnws's weight-standardized convolutions become plain ones that
+    hold the standardized weights (the same function). A simulated model gives back rank 0's
+    running statistics.
     """
     _refuse_ddp(model, "revert")
 
     def pick(module: nn.Module, name: str) -> nn.Module | None:
+        if isinstance(module, WSConv2d):
+            return to_conv(module)
         if not isinstance(module, (RankBatchNorm, nn.SyncBatchNorm)):
             return None
         cls = _reverts_to(module)

@@ -81,6 +81,8 @@ CASES = [
                                                       "precise_bn.num_samples=1"], 2),
     Case("a held-out split as large as the training set", ["data.holdout=256"], 2),
     Case("batch_per_gpu 0", ["batch_per_gpu=0"], 2),
+    Case("fp16 on a machine without CUDA", ["precision=fp16", "dist.device=cpu"], 2),
+    Case("an unknown precision", ["precision=fp8"], 2),
     Case("batch_per_gpu negative", ["batch_per_gpu=-2"], 2),
     Case("batch_per_gpu not an integer", ["batch_per_gpu=2.5"], 2),
     Case("grad_accum 0", ["grad_accum=0"], 2),

@@ -152,8 +152,8 @@ def test_evonorm_under_bf16_equals_timms_evonorm_s0(shape):
 
 @pytest.mark.parametrize("kind,opts", [
     ("bn", {}), ("syncbn", {"sync_group": 2}), ("syncbn_naive", {}), ("gn", {"groups": 8}),
-    ("evonorm", {"groups": 8}), ("brn", {"hold_steps": 0, "r_ramp_steps": 1,
-                                         "d_ramp_steps": 1})])
+    ("evonorm", {"groups": 8}), ("gnws", {"groups": 8}),
+    ("brn", {"hold_steps": 0, "r_ramp_steps": 1, "d_ramp_steps": 1})])
 def test_channels_last_gives_contiguous_numbers_in_float64(kind, opts):
     """torchvision resnet18 (1x1 maps in layer4 at 32 px), 4 simulated ranks x 2, two forward
     and backward passes in float64: outputs, every gradient and every running statistic agree
