@@ -1,15 +1,20 @@
-"""What bnlab measured about the fixes at the break, for the doctor's fix line: read from
-experiments/recover/advice.json, which `make table-recover` writes from its runs once every fix
-has its seeds (bnlab/claims/recover.py). Nothing here types a result."""
+"""What bnlab measured about the fixes at the break, for the doctor's fix lines: read from
+experiments/recover/advice.json, which `make table-recover` writes from its runs, one entry per
+input once its cells have their seeds (bnlab/claims/recover.py). A line cites the measured
+input nearest to the user's model in values per channel per rank at its smallest BN layer,
+names it, and says where another input ranks the fix differently. Nothing here types a result.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 
 from bnlab.paths import EXPERIMENTS
 
 ADVICE = EXPERIMENTS / "recover" / "advice.json"
 TABLE = "make table-recover: experiments/recover/table.md"
+FAR = 2.0  # log2: an input with over 4x more (or fewer) values per channel is said to be far
 
 
 def said(entry: dict) -> str:
@@ -29,39 +34,94 @@ def said(entry: dict) -> str:
             f"{f' ({ci})' if ci else ''}: {entry['state']}")
 
 
-def read() -> dict | None:
-    """advice.json as `make table-recover` wrote it; None where it is missing or unreadable."""
+def read() -> list[dict]:
+    """Every measured input's entry in advice.json ({input, values, where, best, best_free,
+    fixes}); [] where it is missing or unreadable. A file of one input's entry (as written
+    before entries were per input) reads as that input."""
     try:
         advice = json.loads(ADVICE.read_text())
     except (OSError, ValueError):
-        return None
-    return advice if isinstance(advice, dict) else None
+        return []
+    if not isinstance(advice, dict):
+        return []
+    if "inputs" in advice:
+        return [e for e in advice["inputs"] if isinstance(e, dict) and "where" in e]
+    return [advice] if "where" in advice else []
 
 
-def measured(fix: str) -> str:
-    """What table-recover measured for `fix` at 4 ranks x 2, for the doctor's line on it:
-    '; table-recover at 4 ranks x 2 on resnet20 (CIFAR-10): GroupNorm (gn) ...'; empty while
-    it has not measured it."""
-    advice = read()
-    try:
-        return f"; table-recover at {advice['where']}: {said(advice['fixes'][fix])}"
-    except (KeyError, TypeError, AttributeError):
+def nearest(entries: list[dict], values: int | None) -> tuple[dict, list[dict]]:
+    """The entry whose values per channel at the break are nearest to `values` (on a log
+    scale: 2 is as far from 8 as 8 from 32), and the others; the first input where `values`
+    or an entry's own is unknown."""
+    def distance(e: dict) -> float:
+        if not values or not e.get("values"):
+            return math.inf
+        return abs(math.log2(values) - math.log2(e["values"]))
+
+    best = min(entries, key=distance) if values else entries[0]
+    return best, [e for e in entries if e is not best]
+
+
+def cited(entry: dict, values: int | None) -> str:
+    """'4 ranks x 2 on resnet20 (CIFAR-10; 128 values per channel at its smallest BN layer,
+    the measured input nearest to this model's 98)'."""
+    if not entry.get("values"):
+        return entry["where"]
+    why = f"{entry['values']} values per channel per rank at its smallest BN layer"
+    if values:
+        far = abs(math.log2(values) - math.log2(entry["values"])) > FAR
+        why += (f" against this model's {values}: the nearest input measured, and far from it"
+                if far else f", the measured input nearest to this model's {values}")
+    return entry["where"].replace("(CIFAR-10)", f"(CIFAR-10; {why})")
+
+
+def short(entry: dict) -> str:
+    """'resnet20 (128 values)': the input and its values per channel at the break."""
+    name = entry["where"].split(" on ", 1)[-1].replace(" (CIFAR-10)", "")
+    return f"{name} ({entry['values']} values)" if entry.get("values") else name
+
+
+def elsewhere(others: list[dict], differs, line) -> str:
+    """'; on resnet20 (128 values) it differs: ...' for each other input where `differs`."""
+    return "".join(f"; on {short(o)} it differs: {line(o)}" for o in others if differs(o))
+
+
+def measured(fix: str, values: int | None = None) -> str:
+    """What table-recover measured for `fix` at 4 ranks x 2 on the input nearest `values`,
+    for the doctor's line on it: '; table-recover at 4 ranks x 2 on ... : GroupNorm (gn) ...',
+    with any other input whose state for it differs; empty while no input measured it."""
+    entries = [e for e in read() if fix in e.get("fixes", {})]
+    if not entries:
         return ""
+    here, others = nearest(entries, values)
+    state = here["fixes"][fix]["state"]
+    return (f"; table-recover at {cited(here, values)}: {said(here['fixes'][fix])}"
+            + elsewhere(others, lambda o: o["fixes"][fix]["state"] != state,
+                        lambda o: said(o["fixes"][fix])))
 
 
-def without_communication(options: str = "the lines below are options") -> str:
-    """The doctor's line on fixes with no per-step communication (PreciseBN's all-reduce comes
-    once per recalibration): the best one table-recover measured at 4 ranks x 2 (or that none
-    did better than BN, and the closest), citing it; or that it has not been measured yet, and
-    where the options are (`options`: the doctor's lines below them; bnlab.diagnose names the
-    doctor)."""
-    advice = read()
-    try:
-        free = advice["best_free"]
-        line = f"without per-step communication, at {advice['where']}: " + (
-            f"none did better than BN; the closest, {said(free)}"
+def _free_line(entry: dict) -> str:
+    free = entry["best_free"]
+    return (f"none did better than BN; the closest, {said(free)}"
             if free["state"] == "no better" else said(free))
-    except (KeyError, TypeError, AttributeError):
-        return ("without per-step communication: which fix recovers most at the break has not been "
-                f"measured yet ({TABLE}); {options}, not yet ranked at the break")
-    return f"{line} ({TABLE})"
+
+
+def without_communication(options: str = "the lines below are options",
+                          values: int | None = None) -> str:
+    """The doctor's line on fixes with no per-step communication (PreciseBN's all-reduce comes
+    once per recalibration): the best one table-recover measured at 4 ranks x 2 on the input
+    nearest `values` (or that none did better than BN there, and the closest), citing it and
+    any input that ranks them differently; or that it has not been measured yet, and where the
+    options are (`options`: the doctor's lines below them; bnlab.diagnose names the doctor)."""
+    entries = [e for e in read() if e.get("best_free")]
+    if not entries:
+        return ("without per-step communication: which fix recovers most at the break has not "
+                f"been measured yet ({TABLE}); {options}, not yet ranked at the break")
+    here, others = nearest(entries, values)
+
+    def differs(o: dict) -> bool:
+        return (o["best_free"]["fix"], o["best_free"]["state"] == "no better") != \
+            (here["best_free"]["fix"], here["best_free"]["state"] == "no better")
+
+    return (f"without per-step communication, at {cited(here, values)}: {_free_line(here)}"
+            + elsewhere(others, differs, _free_line) + f" ({TABLE})")

@@ -44,6 +44,7 @@ from bnlab.precise_bn import ESTIMATORS, precise_bn, set_running_stats
 
 EPS = 1e-5
 THRESHOLD = 1.0  # points of the metric: above this cost, the statistics are a problem
+DOCTOR_LISTS = "python -m bnlab doctor lists them"  # where the options are, for the advice line
 
 
 @dataclass
@@ -74,6 +75,7 @@ class Diagnosis:
     metric: str = "top-1 accuracy (%)"
     by_rank: list[float] = field(default_factory=list)  # per_rank: with each rank's statistics
     rank_average: float | None = None  # per_rank: with the ranks' statistics averaged
+    values: int | None = None  # fewest values per channel per rank at train_batch (the advice's)
 
     @property
     def cost(self) -> float:
@@ -97,7 +99,7 @@ class Diagnosis:
                          f"statistics across ranks, bnlab.convert(model, 'syncbn', "
                          f"sync_group=k) with k ranks reaching 8 samples (python -m bnlab "
                          f"doctor names k); or, "
-                         f"{without_communication('python -m bnlab doctor lists them')}")
+                         f"{without_communication(DOCTOR_LISTS, self.values)}")
         spread = max(self.ranks.values(), default=0.0)
         if spread > 1.0:
             parts.append(f"the ranks' running statistics disagree by up to {spread:.2f} "
@@ -228,13 +230,15 @@ def rank_average(ranks: list[dict]) -> dict:
             for n in ranks[0]}
 
 
-def risk(model: nn.Module, batch, input_fn: Callable, train_batch: int) -> dict:
+def risk(model: nn.Module, batch, input_fn: Callable, train_batch: int
+         ) -> tuple[dict, int | None]:
     """The doctor's rule per layer at `train_batch` samples per rank (bnlab.doctor), for
-    samples shaped as `batch`'s."""
+    samples shaped as `batch`'s, and the fewest values per channel per rank it finds."""
     shape = tuple(input_fn(batch).shape[1:])
     layers = doctor.measure(copy.deepcopy(model), shape, 1, train_batch, None, 0,
                             doctor.MIN_VALUES, doctor.MIN_IMAGES)
-    return {layer.name: layer.at_risk for layer in layers}
+    fewest = min((layer.per_rank for layer in layers if layer.batch_dependent), default=None)
+    return {layer.name: layer.at_risk for layer in layers}, fewest
 
 
 # ----------------------------------------------------------------------------------------
@@ -292,9 +296,9 @@ def diagnose(model: nn.Module, batches: Iterable, *, evaluate: Callable | None =
                 samples = _count(data, num_samples, input_fn)
         train_mode = None if train_batch is None else \
             _measure(on_batch_statistics(bare, train_batch), evaluate)
-        layers = gaps(bare, population)
+        layers, values = gaps(bare, population), None
         if train_batch is not None:
-            flagged = risk(bare, next(iter(data)), input_fn, train_batch)
+            flagged, values = risk(bare, next(iter(data)), input_fn, train_batch)
             for g in layers:
                 g.at_risk = flagged.get(g.name)
         ranks = ranks_of(bare, rank_stats)
@@ -308,7 +312,7 @@ def diagnose(model: nn.Module, batches: Iterable, *, evaluate: Callable | None =
             if per_rank else None
     return Diagnosis(running, precise, train_mode, train_batch, samples, layers,
                      rank_spread(ranks), max(1, len(ranks)), threshold, by_rank=by_rank,
-                     rank_average=average)
+                     rank_average=average, values=values)
 
 
 def _measure(model: nn.Module, evaluate: Callable) -> float:

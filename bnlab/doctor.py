@@ -262,13 +262,13 @@ def recommend(layers: list[Layer], world: int, batch: int, min_values: int,
     elif world > 1:
         tips.append(f"syncbn over all {world} ranks gives {batch * world} samples (threshold "
                     f"{min_images}): no sync group reaches it")
-    tips.append(without_communication())
+    tips.append(without_communication(values=low.per_rank))  # cites the nearest input
     channels = [layer.channels for layer in bns]
     g = max((g for g in range(1, 33) if all(c % g == 0 for c in channels)), default=1)
     tips.append((f"gn with groups={g} (the most groups, up to 32, that divide every BN "
                  f"layer's channels: {math.gcd(*channels)} is their common divisor)"
                  if g > 1 else "gn: no group count above 1 divides every layer's channels; "
-                 "use ln or per-layer groups") + measured("gn"))
+                 "use ln or per-layer groups") + measured("gn", low.per_rank))
     need = max(min_images, math.ceil(min_values / max(spatial, 1)))
     tips.append(f"or a per-rank batch of {need} or more (each sample gives {low.name} "
                 f"{spatial} value{'s' if spatial != 1 else ''} per channel)")

@@ -235,6 +235,54 @@ def test_the_fix_line_names_the_smallest_group_of_8_samples_and_cites_table_reco
         "-60 to -30): no better")
 
 
+def _two_inputs(path) -> None:
+    """advice.json as table-recover writes it once both inputs are measured: resnet20 (128
+    values per channel at the break), where no communication-free fix beats BN, and resnet18 at
+    32 px (2 values), where GroupNorm recovers (numbers made up for the test)."""
+    gn20 = {"fix": "gn", "name": "GroupNorm", "state": "no better", "gain": -4.6,
+            "share": -0.5, "lo": -0.62, "hi": -0.4}
+    gn18 = {"fix": "gn", "name": "GroupNorm", "state": "recovers", "gain": 30.0,
+            "share": 1.05, "lo": 0.98, "hi": 1.12}
+    path.write_text(json.dumps({"inputs": [
+        {"input": "resnet20", "values": 128, "where": "4 ranks x 2 on resnet20 (CIFAR-10)",
+         "best_free": {"fix": "precise", "name": "BN with PreciseBN every epoch",
+                       "state": "no better", "gain": 0.8, "share": 0.09, "lo": 0.01,
+                       "hi": 0.21}, "fixes": {"gn": gn20}},
+        {"input": "resnet18 32 px", "values": 2,
+         "where": "4 ranks x 2 on torchvision resnet18 at 32 px (CIFAR-10)",
+         "best_free": gn18, "fixes": {"gn": gn18}}]}))
+
+
+def test_the_fix_lines_cite_the_measured_input_nearest_in_values_per_channel(
+        capsys, tmp_path, monkeypatch):
+    """The seeds' own model (torchvision resnet18 at 32 px, 4 x 2: 2 values per channel in
+    layer4) gets resnet18's rows, named, with resnet20's different ranking said; resnet50 at
+    224 px, 8 x 2 (98 values in layer4) gets the input nearest it, resnet20 (128), named."""
+    from bnlab import advice
+
+    monkeypatch.setattr(advice, "ADVICE", tmp_path / "advice.json")
+    _two_inputs(tmp_path / "advice.json")
+    _, r = _json(capsys, "--model", "torchvision:resnet18", "--input", "3x32x32",
+                 "--world", "4", "--batch-per-rank", "2")
+    free, gn = r["recommendations"][1], r["recommendations"][2]
+    assert free.startswith(
+        "without per-step communication, at 4 ranks x 2 on torchvision resnet18 at 32 px "
+        "(CIFAR-10; 2 values per channel per rank at its smallest BN layer, the measured input "
+        "nearest to this model's 2): GroupNorm (gn) gets back 105% of BN's loss")
+    assert "; on resnet20 (128 values) it differs: none did better than BN" in free
+    assert "table-recover at 4 ranks x 2 on torchvision resnet18 at 32 px" in gn
+    assert gn.split("table-recover at ", 1)[1].count("recovers") == 1
+    assert "on resnet20 (128 values) it differs: GroupNorm (gn) ends 4.6 points below BN" in gn
+    _, r = _json(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
+                 "--world", "8", "--batch-per-rank", "2")
+    free = r["recommendations"][1]
+    assert free.startswith(
+        "without per-step communication, at 4 ranks x 2 on resnet20 (CIFAR-10; 128 values per "
+        "channel per rank at its smallest BN layer, the measured input nearest to this model's "
+        "98): none did better than BN")
+    assert "on torchvision resnet18 at 32 px (2 values) it differs: GroupNorm (gn)" in free
+
+
 def test_where_no_sync_group_reaches_8_samples_the_line_says_so(capsys):
     """2 ranks x 2: no group of ranks reaches 8 samples; the line names that threshold, not
     the values one (which resnet20's smallest layer clears)."""

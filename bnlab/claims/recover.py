@@ -45,6 +45,7 @@ SEEDS = list(range(MIN_SEEDS))
 # resnet20's pilot chose (experiments/recoverpilot/sweep.yaml: the 32 px pilot was dropped).
 INPUTS = {"resnet20": "model=resnet20", "resnet18 32 px": "model=resnet18"}
 FIRST = next(iter(INPUTS))
+WORDS = {"resnet18 32 px": "torchvision resnet18 at 32 px"}  # each input as a user reads it
 
 
 def reference(model: str) -> list[str]:
@@ -307,20 +308,30 @@ def verdicts(data: Recover) -> list[Verdict]:
     return []  # no claim under test: a ranking of fixes, stated on its page
 
 
-def on_first(data: Recover) -> dict[str, dict] | None:
-    """Each fix measured on the first input (resnet20), by fix; None until all are."""
+def on_input(data: Recover, inp: str = FIRST) -> dict[str, dict] | None:
+    """Each fix measured on one input, by fix; None until all are."""
     d = data.runs
-    fixes = [] if d is None else [c for c in d.cells if where(c) == FIRST
+    fixes = [] if d is None else [c for c in d.cells if where(c) == inp
                                   and c.cell.meta.get("fix") not in ("reference", "bn")]
     ms = {c.cell.meta["fix"]: measure(d, c) for c in fixes}
     return None if not ms or any(m is None for m in ms.values()) else ms
 
 
-def picks(data: Recover) -> dict | None:
-    """The best fix and the best one without per-step communication on the first input, and
-    every fix by name, each as advice.json holds it ({fix, name, state, gain, share, lo, hi});
-    None until every cell has its seeds."""
-    ms = on_first(data)
+def values_at_the_break(data: Recover, inp: str) -> int | None:
+    """The fewest values per channel per rank of the input's bn at 4 x 2 (its smallest BN
+    layer), from its runs' run.json."""
+    bn = by_fix(data.runs, "bn", inp) if data.runs is not None else None
+    counts = [min(r.info["bn_values_per_channel"].values()) for r in (bn.runs if bn else [])
+              if r.info.get("bn_values_per_channel")]
+    return min(counts) if counts else None
+
+
+def picks(data: Recover, inp: str = FIRST) -> dict | None:
+    """On one input: the best fix and the best one without per-step communication, and every
+    fix by name, each as advice.json holds it ({fix, name, state, gain, share, lo, hi}), with
+    the input, its values per channel at the break and where it was measured; None until every
+    cell of the input has its seeds."""
+    ms = on_input(data, inp)
     if ms is None:
         return None
     fixes = {f: {"fix": f, "name": NAMES.get(f, f), "state": m["state"],
@@ -330,7 +341,9 @@ def picks(data: Recover) -> dict | None:
              for f, m in ms.items()}
     gain = lambda f: fixes[f]["gain"]  # noqa: E731
     free = [f for f in fixes if f in COMMUNICATION_FREE]
-    return {"where": f"4 ranks x 2 on {FIRST} (CIFAR-10)", "best": fixes[max(fixes, key=gain)],
+    return {"input": inp, "values": values_at_the_break(data, inp),
+            "where": f"4 ranks x 2 on {WORDS.get(inp, inp)} (CIFAR-10)",
+            "best": fixes[max(fixes, key=gain)],
             "best_free": fixes[max(free, key=gain)] if free else None, "fixes": fixes}
 
 
@@ -368,14 +381,15 @@ def finding(data: Recover) -> list[Finding]:
 
 
 def advice(data: Recover, out: Path) -> None:
-    """advice.json for the doctor's fix line (bnlab.advice): picks(), once every cell has its
-    seeds; removed before."""
+    """advice.json for the doctor's fix lines (bnlab.advice): every input's picks() once its
+    cells have their seeds (the doctor cites the input nearest its model in values per channel);
+    removed while no input has them."""
     path = out / "advice.json"
-    p = picks(data)
-    if p is None:
+    inputs = [p for inp in INPUTS if (p := picks(data, inp)) is not None]
+    if not inputs:
         path.unlink(missing_ok=True)
     else:
-        table.save_results(path, p)
+        table.save_results(path, {"inputs": inputs})
 
 
 TABLE = table.Table("recover", (), load, render, verdicts, plot, block="recover",

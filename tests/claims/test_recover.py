@@ -54,7 +54,8 @@ def test_each_fix_is_judged_against_the_reference_and_bn(tmp_path):
     text = recover.render(recover.Recover(d))
     assert "| gn cell |" in text and "| partly |" in text and "## Rules and their history" in text
     recover.advice(recover.Recover(d), tmp_path)  # the doctor's line reads it
-    advice = json.loads((tmp_path / "advice.json").read_text())
+    (advice,) = json.loads((tmp_path / "advice.json").read_text())["inputs"]  # resnet20's
+    assert advice["input"] == "resnet20" and advice["where"].startswith("4 ranks x 2 on resnet20")
     assert advice["best"]["fix"] == "syncbn" and advice["best_free"]["fix"] == "gn"
     assert advice["best_free"]["share"] == pytest.approx(share)
     assert set(advice["fixes"]) == {"syncbn", "gn", "ln"} and \
