@@ -13,7 +13,7 @@ export BNLAB_TEST_DATA ?= $(abspath ../shared/data/cifar10-mini)
 .DEFAULT_GOAL := help
 .PHONY: help install test test-gpu gpu-check test-slurm test-slow lint demo bench perf-doc clean table-jitter table-batch table-ranks \
 	tables report table-pitfalls figure-losslog table-evalmode table-rankstats table-sync \
-	table-precisebn layout table-lrpilot table-recoverpilot table-recover table-plateau table-decompose table-pilot table-lr table-fixes table-values
+	table-precisebn layout table-lrpilot table-recoverpilot table-recover table-converge table-plateau table-decompose table-pilot table-lr table-fixes table-values
 JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 # make table-X runs bnlab/claims/X.py: its sweep (DATA, JOBS, RUNS), what it measures, experiments/X/
 # LAUNCH: where the sweep's runs go (default this machine), e.g. LAUNCH="--launcher slurm
@@ -94,6 +94,9 @@ table-recoverpilot: install ## table-recover's pilot: each fix's rate (and setti
 
 table-recover: install ## every fix at 4 x 2 at its pilot's rate against bn and 1 x 8 (hours; its spec: python -m bnlab.claims recover-spec) -> experiments/recover/
 	$(CLAIMS) recover
+
+table-converge: install ## does table-recover's ranking hold 4x longer? resnet20, 40 epochs, cosine (hours; its spec: python -m bnlab.claims converge-spec) -> experiments/converge/
+	$(CLAIMS) converge
 
 table-values: install ## where BN breaks: accuracy and jitter against values per channel (hours) -> experiments/values/
 	$(CLAIMS) values

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from bnlab.claims import (
     batch,
+    converge,
     decompose,
     evalmode,
     fixes,
@@ -35,7 +36,7 @@ from bnlab.lab import make, table
 
 TABLES: dict[str, table.Table] = {m.TABLE.name: m.TABLE for m in (
     jitter, batch, ranks, evalmode, rankstats, sync, precisebn, losslog, pitfalls, lrpilot, plateau,
-    decompose, pilot, lr, fixes, values, recoverpilot, recover)}
+    decompose, pilot, lr, fixes, values, recoverpilot, recover, converge)}
 
 
 def main(argv: list[str] | None = None) -> int:

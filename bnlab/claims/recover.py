@@ -59,10 +59,11 @@ def bn_at_the_break(model: str) -> list[str]:
 
 PILOT_ONLY = ("data.holdout=", "eval_every=", "record.predictions=")  # the pilot's, not ours
 # no per-step communication (PreciseBN all-reduces once per recalibration)
-COMMUNICATION_FREE = ("gn", "ln", "evonorm", "brn", "precise", "frozen_bn")
+COMMUNICATION_FREE = ("gn", "gnws", "ln", "evonorm", "brn", "precise", "frozen_bn")
 # each fix as the finding, the doctor and the page's legend name it, with its spec name
 NAMES = {"syncbn": "SyncBN over all 4 ranks", "syncbn2": "SyncBN in groups of 2 ranks",
-         "gn": "GroupNorm", "ln": "LayerNorm", "evonorm": "EvoNorm-S0",
+         "gn": "GroupNorm", "gnws": "GroupNorm + Weight Standardization", "ln": "LayerNorm",
+         "evonorm": "EvoNorm-S0",
          "precise": "BN with PreciseBN every epoch", "brn": "Batch Renormalization",
          "frozen_bn": "frozen BN"}
 
@@ -166,13 +167,14 @@ def share(c: CellResult, bn: CellResult, ref: CellResult) -> tuple[float, float 
     return judge.ratio_of_means([a[s] - b[s] for s in seeds], [r[s] - b[s] for s in seeds])
 
 
-def state(g: dict, gain: dict, lost: bool) -> str:
-    """recovers, partly, no better or unclear, by rules.yaml."""
+def state(g: dict, gain: dict, lost: bool, by: rules.Rules = RULES) -> str:
+    """recovers, partly, no better or unclear, by rules.yaml (`by`: another table's rules of
+    the same form, table-converge's)."""
     if lost:
         return "no better"
-    if g["n"] < MIN_SEEDS or g["lo"] is None or gain["lo"] is None:
+    if g["n"] < by["min_seeds"] or g["lo"] is None or gain["lo"] is None:
         return "unclear"
-    if g["gap"] < RULES["recovers_gap"] and g["hi"] < RULES["recovers_interval"]:
+    if g["gap"] < by["recovers_gap"] and g["hi"] < by["recovers_interval"]:
         return "recovers"
     if gain["lo"] <= 0:
         return "no better"
@@ -181,19 +183,19 @@ def state(g: dict, gain: dict, lost: bool) -> str:
     return "unclear"
 
 
-def measure(d: RunsData, c: CellResult) -> dict | None:
+def measure(d: RunsData, c: CellResult, by: rules.Rules = RULES) -> dict | None:
     """The fix against the reference and bn, over the seeds all three ended; None while any
-    of their seeds is to come."""
+    of their seeds is to come (`by`: the rules, as state())."""
     ref, bn = by_fix(d, "reference", where(c)), by_fix(d, "bn", where(c))
     if ref is None or bn is None or not table.complete(c, ref, bn):
         return None
     g, gain, b = judge.paired(c, ref), judge.paired(bn, c), judge.paired(bn, ref)
-    breaks = b["n"] >= MIN_SEEDS and b["lo"] is not None and \
-        b["gap"] >= RULES["break_points"] and b["lo"] > 0  # bn's own gap: does it break?
+    breaks = b["n"] >= by["min_seeds"] and b["lo"] is not None and \
+        b["gap"] >= by["break_points"] and b["lo"] > 0  # bn's own gap: does it break?
     s = share(c, bn, ref) if breaks else (math.nan, None, None)
     lost = bool(judge.pairs(c, ref)[2])
     return {"gap": g, "gain": gain, "share": s, "bn_breaks": breaks,
-            "state": state(g, gain, lost) if c is not bn else "bn"}
+            "state": state(g, gain, lost, by) if c is not bn else "bn"}
 
 
 def step_times(folder: Path = BENCH_RESULTS) -> dict[str, dict[str, float]]:

@@ -23,17 +23,18 @@ LEVELS = {"reference": 60.0, "bn": 50.0, "syncbn": 59.8, "gn": 55.0,
           "ln": [50.5, 49.5, 50.5, 49.5, 50.0]}
 
 
-def data(tmp_path, levels: dict, seeds: int = 5, missing: str = "") -> RunsData:
+def data(tmp_path, levels: dict, seeds: int = 5, missing: str = "", epochs: int = 10
+         ) -> RunsData:
     cells = []
     for fix, acc in levels.items():
         runs = []
         for s in range(seeds if fix != missing else seeds - 1):
             rng = np.random.default_rng(100 * s + len(cells))
             level = acc[s] if isinstance(acc, list) else acc
-            curve = list(level + s * 0.3 + rng.normal(0, 0.3, 100))  # seed effects shared
-            runs.append(fake_headline_run(tmp_path / fix / f"s{s}", curve, epochs=10, seed=s,
-                                          churn=True))
-        cell = Cell(f"{fix} cell", [], list(range(seeds)), cfg={"epochs": 10},
+            curve = list(level + s * 0.3 + rng.normal(0, 0.3, 10 * epochs))  # seed effects shared
+            runs.append(fake_headline_run(tmp_path / fix / f"s{s}", curve, epochs=epochs,
+                                          seed=s, churn=True))
+        cell = Cell(f"{fix} cell", [], list(range(seeds)), cfg={"epochs": epochs},
                     meta={"fix": fix})
         cells.append(CellResult(cell, runs, seeds))  # expected: every seed
     spec = Spec("recover", "T", "headline", [c.cell for c in cells], tmp_path / "sweep.yaml",

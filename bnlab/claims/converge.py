@@ -1,0 +1,230 @@
+"""`make table-converge`: does table-recover's ranking of the fixes hold when each run trains 4x
+longer? resnet20 at 4 ranks x 2, 40 epochs with the rate decayed to zero (cosine) after
+warmup: the 1 x 8 reference, bn at 4 x 2, and syncbn, gn, gnws and evonorm, each at the rate
+and setting table-recoverpilot chose, 3 seeds; each fix's state beside its 10-epoch state.
+
+    python -m bnlab.claims converge-spec                # experiments/converge/sweep.yaml from
+                                                        # the pilot's choices (once all are made)
+    python -m bnlab.claims converge --data DIR --jobs 2 # its sweep (hours on 2 cores), the table
+    python -m bnlab.claims converge --report            # the table from the runs' logs only
+
+The rules are data in experiments/converge/rules.yaml, committed before any of its runs:
+table-recover's states and thresholds (bnlab/claims/recover.py measures both tables) at 3
+seeds, and the ranking's answer. Length and schedule both differ from table-recover's
+(10 epochs, constant rate): a changed ranking says the protocol matters, not which of the two
+changes made it. Writes experiments/converge/{table.md, converge.png}.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from bnlab.claims import recover, recoverpilot
+from bnlab.errors import BnlabError
+from bnlab.lab import choose, page, rules, table
+from bnlab.lab.figures import nothing_yet, plt, save
+from bnlab.lab.results import CellResult, fmt
+from bnlab.lab.table import RunsData, Verdict
+from bnlab.paths import EXPERIMENTS
+
+RULES = rules.read("converge")
+SPEC = EXPERIMENTS / "converge" / "sweep.yaml"
+SEEDS = list(range(RULES["min_seeds"]))
+FIXES = ("syncbn", "gn", "gnws", "evonorm")  # the 4 x 2 fixes it trains, beside bn and 1 x 8
+INPUT = recover.FIRST                        # resnet20
+EPOCHS = 40                                  # 4x table-recover's 10
+LONGER = [f"epochs={EPOCHS}", "optim.schedule=cosine", "eval_every=2"]  # sparser: 2 an epoch
+
+
+# ----------------------------------------------------------------------------------------
+# The spec, from the pilot's choices (as table-recover's)
+
+
+def longer(overrides: list[str]) -> list[str]:
+    """A table-recover cell's overrides at 40 epochs, the rate decayed by a cosine, evaluated
+    twice an epoch on the plateau."""
+    keys = {o.split("=", 1)[0] for o in LONGER}
+    return [o for o in overrides if o.split("=", 1)[0] not in keys] + LONGER
+
+
+def spec_cells(picks: dict[str, dict]) -> list[dict]:
+    """resnet20's reference, bn at 4 x 2 and the FIXES, as table-recover's spec would make them
+    from these choices, made longer; a BnlabError while a choice among them is open."""
+    wanted = {f: p for f, p in picks.items() if f in FIXES}
+    missing = [f for f in FIXES if f not in wanted]
+    if missing:
+        raise BnlabError(f"the pilot has no cells for {', '.join(missing)}; add them to "
+                         "experiments/recoverpilot/sweep.yaml (with its rule) first.")
+    cells = [c for c in recover.spec_cells(wanted) if c["input"] == INPUT]
+    return [{**c, "label": c["label"].replace(f"{INPUT}: ", ""), "overrides":
+             longer(c["overrides"]), "order": 0} for c in cells]
+
+
+def write_spec(path: Path = SPEC, data: str | None = None) -> int:
+    """experiments/converge/sweep.yaml from the committed pilot's runs; refuses to overwrite a
+    spec that differs (a change after runs is a rule change, made by hand and disclosed)."""
+    d = table.runs_data(table.Context(recoverpilot.TABLE, data=data))
+    picks = choose.choices(d.cells, choose.Rules.read(recoverpilot.RULES))
+    text = "\n".join([
+        "# make table-converge: does table-recover's ranking hold when each run trains 4x",
+        "# longer? resnet20 at 4 ranks x 2, 40 epochs, the rate decayed to zero (cosine) after",
+        "# warmup, each fix at the rate (and setting) table-recoverpilot chose on held-out data",
+        "# (written from its choices by `python -m bnlab.claims converge-spec`), 3 seeds; its",
+        "# rules: rules.yaml beside this file, committed before any of its runs.",
+        yaml.safe_dump({"title": "Does the ranking hold 4x longer? Each fix at 40 epochs "
+                        "(cosine) on resnet20 at 4 ranks x 2", "experiment": "headline",
+                        "seeds": SEEDS, "jobs": 2, "cells": spec_cells(picks)},
+                       sort_keys=False, width=100)])
+    if path.is_file() and path.read_text() != text:
+        raise BnlabError(f"{path} exists and differs from what the pilot's choices give; a "
+                         "change of the spec after its runs is a rule change: make it by hand "
+                         "and disclose it in experiments/converge/rules.yaml.")
+    path.write_text(text)
+    print(f"wrote {path}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------
+# The cells, and each fix's state at 10 epochs
+
+
+@dataclass
+class Converge:
+    runs: RunsData | None      # this table's runs, where its spec exists
+    ten: RunsData | None       # table-recover's (its resnet20 rows: the 10-epoch states)
+    waiting: str = ""
+
+
+def load(ctx: table.Context) -> Converge:
+    ten = recover.load(table.Context(recover.TABLE, ctx.experiments, ctx.runs, ctx.tag,
+                                     ctx.data, ctx.here)).runs
+    if not ctx.table.spec_path.is_file():
+        return Converge(None, ten, "its spec is written from table-recoverpilot's choices once "
+                        "gnws's and the group counts' are made (`python -m bnlab.claims "
+                        "converge-spec`)")
+    return Converge(table.runs_data(ctx), ten)
+
+
+def at_ten(data: Converge, fix: str) -> dict | None:
+    """The fix's table-recover measure on resnet20 (10 epochs), or None while it has none."""
+    c = None if data.ten is None else recover.by_fix(data.ten, fix, INPUT)
+    return None if c is None else recover.measure(data.ten, c)
+
+
+def final_acc(c: CellResult) -> float | None:
+    """Mean over seeds of the last epoch's evaluations (shown, not ruled)."""
+    per = []
+    for r in c.runs:
+        last = [row["val/acc"] for row in r.rows if "val/acc" in row
+                and row.get("epoch", 0) > c.epochs - 1 + 1e-9]
+        if last and not r.diverged:
+            per.append(float(np.mean(last)))
+    return float(np.mean(per)) if per else None
+
+
+def said(m: dict | None) -> str:
+    if m is None:
+        return "undecided (runs still to come)"
+    if m["state"] == "bn":
+        return "bn"
+    share = m["share"][0]  # its share where it does better than bn (the table has the rest)
+    return m["state"] + (f", {100 * share:.0f}% of bn's loss"
+                         if math.isfinite(share) and m["state"] != "no better" else "")
+
+
+def ranking(data: Converge) -> tuple[str, list[str]]:
+    """The ranking's answer by rules.yaml (holds, changes, undecided) and each fix's two
+    states in words."""
+    if data.runs is None:
+        return "undecided", []
+    rows, states = [], []
+    for fix in FIXES:
+        c = recover.by_fix(data.runs, fix, INPUT)
+        m40 = None if c is None else recover.measure(data.runs, c, RULES)
+        m10 = at_ten(data, fix)
+        states.append((m10 and m10["state"], m40 and m40["state"]))
+        rows.append(f"{fix}: {said(m10)} at 10 epochs, {said(m40)} at {EPOCHS}")
+    if any(s is None or "unclear" in (a, b) for a, b in states for s in (a, b)):
+        return "undecided", rows
+    changed = [f for f, (a, b) in zip(FIXES, states, strict=True) if a != b]
+    return ("holds" if not changed else "changes (" + ", ".join(changed) + ")"), rows
+
+
+def render(data: Converge) -> str:
+    head = ["# Does the ranking hold 4x longer?", "",
+            "Generated by `make table-converge` (`python -m bnlab.claims converge`); do not "
+            "edit.", ""]
+    if data.runs is None:
+        return "\n".join([*head, f"Not run yet: {data.waiting}.", "",
+                          f"Its cells: {' '.join(str(RULES.raw['cells']).split())}.", "",
+                          f"The ranking: {' '.join(str(RULES.raw['ranking']).split())}.", "",
+                          *rules.history(RULES)])
+    d, rows = data.runs, []
+    for c in d.cells:
+        fix = c.cell.meta.get("fix")
+        ref = fix == "reference"
+        m = None if ref else recover.measure(d, c, RULES)
+        ten = None if ref else at_ten(data, fix)
+        rows.append([c.cell.label, c.seeds_note(), c.jstat("plateau_acc").fmt(1),
+                     fmt(final_acc(c), 1), c.jstat("vn_sd").fmt(2),
+                     c.jstat("churn_floor").fmt(2),
+                     "-" if m is None or ref else
+                     f"{m['gap']['gap']:+.1f} ({fmt(m['gap']['lo'])} to {fmt(m['gap']['hi'])})",
+                     "-" if m is None or m["state"] == "bn" or not math.isfinite(m["share"][0])
+                     else f"{100 * m['share'][0]:.0f}% ({fmt(recover.pct(m['share'][1]), 0)} "
+                     f"to {fmt(recover.pct(m['share'][2]), 0)})",
+                     "reference" if ref else said(m), "-" if ref else said(ten)])
+    answer, words = ranking(data)
+    return table.runs_page(d, "\n".join([
+        page.md_table(["cell", "seeds", "plateau acc (%)", "final acc (%)",
+                       "von Neumann sd (pts)", "churn floor (pts)", "gap to 1x8 (pts, 95% CI)",
+                       "share of bn's loss recovered (95% CI)", f"state at {EPOCHS} epochs",
+                       "state at 10 epochs (table-recover)"], rows), "",
+        f"**The ranking at {EPOCHS} epochs: {answer}** ({'; '.join(words)}).", "",
+        "Length and schedule both differ from table-recover's: "
+        f"{' '.join(str(RULES.raw['cells']).split())}. Measure: "
+        f"{' '.join(str(RULES.raw['measure']).split())}. States: table-recover's, at "
+        f"{RULES['min_seeds']} seeds. The ranking: {' '.join(str(RULES.raw['ranking']).split())}."
+        " Final accuracy (shown, not ruled): the mean of the last epoch's evaluations.", "",
+        *rules.history(RULES)]))
+
+
+def plot(data: Converge, path: Path) -> None:
+    """Each fix's share of bn's loss recovered at 10 and at 40 epochs, one row a fix."""
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    drawn = False
+    for i, fix in enumerate(FIXES):
+        for j, (d, by, label) in enumerate(((data.ten, recover.RULES, "10 epochs"),
+                                            (data.runs, RULES, f"{EPOCHS} epochs (cosine)"))):
+            c = None if d is None else recover.by_fix(d, fix, INPUT)
+            m = None if c is None else recover.measure(d, c, by)
+            if m is None or not math.isfinite(m["share"][0]):
+                continue
+            s, lo, hi = (100 * x if x is not None else None for x in m["share"])
+            err = [[s - lo], [hi - s]] if lo is not None else None
+            ax.errorbar([s], [-i - 0.15 + 0.3 * j], xerr=err, fmt="os"[j], capsize=3,
+                        color=f"C{j}", label=label if i == 0 or not drawn else None)
+            drawn = True
+    if drawn:
+        ax.axvline(0, color="C3", lw=1)
+        ax.axvline(100, color="grey", ls="--", lw=1)
+        ax.legend(fontsize=8, loc="lower right")
+    else:
+        nothing_yet(ax, data.waiting or "runs still to come")
+    ax.set_yticks([-i for i in range(len(FIXES))],
+                  [recover.NAMES.get(f, f) for f in FIXES])
+    ax.set(xlabel="share of bn's loss recovered (%, 95% CI; 0 = bn at 4 x 2, 100 = 1 x 8)")
+    ax.grid(alpha=0.3, axis="x")
+    save(fig, path, "Does the ranking hold 4x longer? (resnet20, 4 ranks x 2)")
+
+
+def verdicts(data: Converge) -> list[Verdict]:
+    return []  # a ranking of fixes at another length, stated on its page
+
+
+TABLE = table.Table("converge", (), load, render, verdicts, plot, block="recover")

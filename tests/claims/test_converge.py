@@ -1,0 +1,69 @@
+"""table-converge: table-recover's cells made 4x longer (cosine), judged by table-recover's
+states at 3 seeds, each fix's state beside its 10-epoch state; its spec from the pilot's
+choices."""
+
+from __future__ import annotations
+
+import pytest
+from test_recover import data
+
+from bnlab.claims import converge, recover
+from bnlab.errors import BnlabError
+from bnlab.lab.plan import Cell
+from bnlab.lab.results import CellResult
+
+TEN = {"reference": 60.0, "bn": 50.0, "syncbn": 59.8, "gn": [50.5, 49.5, 50.5, 49.5, 50.0],
+       "gnws": 55.0, "evonorm": 45.0}
+
+
+def test_the_spec_makes_table_recovers_resnet20_cells_longer():
+    def chosen(fix: str, over: list[str]) -> dict:
+        cell = Cell(f"{fix} lr 0.00625", [*over, "optim.lr=0.00625", "model=resnet20",
+                                          "data.holdout=1000", "eval_every=4",
+                                          "record.predictions=false"], [0, 1], cfg={},
+                    meta={"fix": fix, "lr": 0.00625})
+        return {"state": "chosen", "cell": CellResult(cell, [], 2)}
+
+    picks = {"syncbn": chosen("syncbn", ["norm=syncbn"]),
+             "gn": chosen("gn", ["norm=gn", "norm.groups=8"]),
+             "gnws": chosen("gnws", ["norm=gnws", "norm.groups=8"]),
+             "evonorm": chosen("evonorm", ["norm=evonorm", "norm.groups=8"]),
+             "ln": chosen("ln", ["norm=ln"])}  # not one of its cells
+    cells = converge.spec_cells(picks)
+    assert [c["fix"] for c in cells] == ["reference", "bn", "syncbn", "gn", "gnws", "evonorm"]
+    for c in cells:
+        assert c["overrides"][-3:] == ["epochs=40", "optim.schedule=cosine", "eval_every=2"]
+        assert "epochs=10" not in c["overrides"] and "model=resnet20" in c["overrides"]
+        assert not any(o.startswith("data.holdout") for o in c["overrides"])
+    assert cells[4]["overrides"][:2] == ["norm=gnws", "norm.groups=8"]
+    with pytest.raises(BnlabError, match="no cells for gnws"):
+        converge.spec_cells({k: v for k, v in picks.items() if k != "gnws"})
+    with pytest.raises(BnlabError, match="has not chosen every fix yet: gn"):
+        converge.spec_cells({**picks, "gn": {"state": "undecided", "cell": None}})
+
+
+def test_each_fix_is_set_beside_its_ten_epoch_state_and_the_ranking_answers(tmp_path):
+    ten = data(tmp_path / "ten", TEN)
+    # 40 epochs: gn now clearly between bn and the reference; the others as at 10
+    forty = data(tmp_path / "forty", {**TEN, "gn": 55.0}, seeds=3, epochs=40)
+    d = converge.Converge(forty, ten)
+    answer, words = converge.ranking(d)
+    assert answer == "changes (gn)"
+    assert "gn: no better at 10 epochs, partly, 50% of bn's loss at 40" in words
+    assert words[0].startswith("syncbn: recovers") and words[0].count("recovers") == 2
+    text = converge.render(d)
+    assert "**The ranking at 40 epochs: changes (gn)**" in text
+    assert "| gn cell |" in text and "## Rules and their history" in text
+    same = converge.Converge(data(tmp_path / "same", TEN, seeds=3, epochs=40), ten)
+    assert converge.ranking(same)[0] == "holds"
+    short = data(tmp_path / "short", TEN, seeds=3, missing="gnws", epochs=40)
+    assert converge.ranking(converge.Converge(short, ten))[0] == "undecided"
+    converge.plot(d, tmp_path / "c.png")
+    assert (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_without_its_spec_the_page_says_what_it_waits_for():
+    text = converge.render(converge.Converge(None, None, "its spec is written later"))
+    assert "Not run yet: its spec is written later." in text
+    assert "The ranking: the ranking holds where every fix" in text
+    assert recover.COMMUNICATION_FREE.count("gnws") == 1 and "gnws" in recover.NAMES
