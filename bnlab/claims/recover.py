@@ -349,13 +349,9 @@ def picks(data: Recover, inp: str = FIRST) -> dict | None:
             "best_free": fixes[max(free, key=gain)] if free else None, "fixes": fixes}
 
 
-def finding(data: Recover) -> list[Finding]:
-    """Each fix that does better than bn, best first, with the share of bn's loss it gets
-    back and its interval, then the fixes ruled no better, in one short sentence (its states
-    and gaps are on the page); none until every cell has its seeds."""
-    p = picks(data)
-    if p is None:
-        return []
+def ranked(p: dict) -> str:
+    """One input's ranking in a clause: each fix that does better than bn, best first, with the
+    share of bn's loss it gets back and its interval, then the fixes ruled no better."""
     fixes = sorted(p["fixes"].values(), key=lambda e: -e["gain"])
     better = [e for e in fixes if e["state"] != "no better"]
     worse = [e["name"] for e in fixes if e["state"] == "no better"]
@@ -378,8 +374,23 @@ def finding(data: Recover) -> list[Finding]:
         tail = (f"{', '.join(worse)} do{'es' * (len(worse) == 1)} no better than BN"
                 if worse else "")
     head = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)
-    text = "; ".join(x for x in (head, tail) if x)
-    return [Finding(f"At 4 x 2 on {FIRST}, {text}.", "recover", rules.mark(RULES), rank=2)]
+    return "; ".join(x for x in (head, tail) if x)
+
+
+def finding(data: Recover) -> list[Finding]:
+    """What to use instead of BN at 4 x 2, input by input (each named with its values per
+    channel at the break), in one sentence; the inputs still to come named; none until the
+    first input has every seed."""
+    done = {inp: p for inp in INPUTS if (p := picks(data, inp)) is not None}
+    if FIRST not in done:
+        return []
+    clauses = [f"on {WORDS.get(inp, inp)}" + (f" ({p['values']} values per channel per rank "
+               "at its smallest BN layer)" if p.get("values") else "") + f", {ranked(p)}"
+               for inp, p in done.items()]
+    todo = [WORDS.get(inp, inp) for inp in INPUTS if inp not in done]
+    text = "At 4 x 2, " + "; ".join(clauses) + (
+        f" ({', '.join(todo)}: runs still to come)" if todo else "")
+    return [Finding(text + ".", "recover", rules.mark(RULES), rank=2)]
 
 
 def advice(data: Recover, out: Path) -> None:
