@@ -1,4 +1,4 @@
-"""`python -m bnlab <command>`: bnlab's tools for any model and any runs.
+"""`bnlab <command>` (or `python -m bnlab <command>`): bnlab's tools for any model and any runs.
 
     python -m bnlab doctor --model torchvision:resnet50 --input 3x224x224 --world 8 \\
         --batch-per-rank 2
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from bnlab import doctor
 from bnlab.cli import run_cli
@@ -22,7 +23,8 @@ from bnlab.evaluation import add_diagnose_parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bnlab", description=__doc__.split("\n")[0])
+    prog = "bnlab" if sys.argv and Path(sys.argv[0]).name == "bnlab" else "python -m bnlab"
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     doctor.add_parser(sub)
     add_diagnose_parser(sub)

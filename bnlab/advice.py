@@ -1,8 +1,9 @@
 """What bnlab measured about the fixes at the break, for the doctor's fix lines: read from
-experiments/recover/advice.json, which `make table-recover` writes from its runs, one entry per
-input once its cells have their seeds (bnlab/claims/recover.py). A line cites the measured
-input nearest to the user's model in values per channel per rank at its smallest BN layer,
-names it, and says where another input ranks the fix differently. Nothing here types a result.
+bnlab/measured/advice.json, inside the package (an installed wheel carries it), which `make
+table-recover` writes from its runs, one entry per input once its cells have their seeds
+(bnlab/claims/recover.py). A line cites the measured input nearest to the user's model in
+values per channel per rank at its smallest BN layer, names it, and says where another input
+ranks the fix differently. Nothing here types a result.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from __future__ import annotations
 import json
 import math
 
-from bnlab.paths import EXPERIMENTS
+from bnlab.paths import MEASURED
 
-ADVICE = EXPERIMENTS / "recover" / "advice.json"
-TABLE = "make table-recover: experiments/recover/table.md"
+ADVICE = MEASURED / "advice.json"
+TABLE = "make table-recover: experiments/recover/table.md in bnlab's repository"
 FAR = 2.0  # log2: an input with over 4x more (or fewer) values per channel is said to be far
 
 

@@ -8,6 +8,9 @@ EXPERIMENTS = ROOT / "experiments"               # one folder per reported table
 RUNS = EXPERIMENTS / "runs"                      # the sweeps' run directories, by data tag
 RUNS_CUDA = EXPERIMENTS / "runs-cuda"            # the same on a GPU (make gpu-check): kept apart
 BENCH_RESULTS = ROOT / "benchmarks" / "results"  # the benchmark's measurements, per machine
+# What the library quotes of bnlab's own measurements, inside the package (it ships in the
+# wheel): the targets that measure it write it here (make table-recover: advice.json).
+MEASURED = Path(__file__).resolve().parent / "measured"
 
 
 def shown(path: Path) -> Path:

@@ -216,7 +216,7 @@ def test_the_fix_line_names_the_smallest_group_of_8_samples_and_cites_table_reco
     assert r["recommendations"][1] == (
         "without per-step communication, at 4 ranks x 2 on resnet20 (CIFAR-10): GroupNorm (gn) "
         "gets back 55% of BN's loss (95% CI 40 to 70): partly (make table-recover: "
-        "experiments/recover/table.md)")
+        "experiments/recover/table.md in bnlab's repository)")
     assert r["recommendations"][2].endswith("is their common divisor)")  # gn not in `fixes`
     (tmp_path / "advice.json").write_text(json.dumps({
         "where": "4 ranks x 2 on resnet20 (CIFAR-10)",
@@ -228,7 +228,8 @@ def test_the_fix_line_names_the_smallest_group_of_8_samples_and_cites_table_reco
                  "--world", "4", "--batch-per-rank", "2")
     assert r["recommendations"][1].endswith(  # the best is no better: the line says so
         "(CIFAR-10): none did better than BN; the closest, precise gets back 16% of BN's loss "
-        "(95% CI 5 to 27): no better (make table-recover: experiments/recover/table.md)")
+        "(95% CI 5 to 27): no better (make table-recover: experiments/recover/table.md in "
+        "bnlab's repository)")
     assert r["recommendations"][2].endswith(  # the gn line says what the table found for gn
         "is their common divisor); table-recover at 4 ranks x 2 on resnet20 (CIFAR-10): "
         "GroupNorm (gn) ends 4.1 points below BN (share of BN's loss recovered -45%, 95% CI "

@@ -15,8 +15,9 @@ over bn's mean gap, with a bootstrap interval over seeds; read only where bn bre
 state: recovers, partly, no better, unclear, or undecided while runs are to come; beside them,
 not ruled, its step time over bn's from `make bench ONLY=fixes` (benchmarks/results/). The
 1 x 8 and bn 4 x 2 cells are table-values' runs (the same overrides). resnet20's runs come
-first: its ranking writes experiments/recover/advice.json (the doctor's fix line) and the
-README's finding. Writes experiments/recover/{table.md, recover.png, advice.json}.
+first: its ranking writes the README's finding and bnlab/measured/advice.json (the doctor's fix
+lines: package data, so an installed bnlab quotes what the checkout does). Writes
+experiments/recover/{table.md, recover.png} and that advice.json.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from bnlab.lab import choose, judge, page, rules, table
 from bnlab.lab.figures import nothing_yet, plt, save
 from bnlab.lab.results import CellResult, fmt
 from bnlab.lab.table import Finding, RunsData, Verdict, bench_section
-from bnlab.paths import BENCH_RESULTS, EXPERIMENTS
+from bnlab.paths import BENCH_RESULTS, EXPERIMENTS, MEASURED
 
 RULES = rules.read("recover")
 SPEC = EXPERIMENTS / "recover" / "sweep.yaml"
@@ -393,11 +394,19 @@ def finding(data: Recover) -> list[Finding]:
     return [Finding(text + ".", "recover", rules.mark(RULES), rank=2)]
 
 
+def advice_path(out: Path) -> Path:
+    """Where advice.json goes: into the package (bnlab/measured/, what bnlab.advice reads and
+    the wheel ships) when the table is built into the repository's experiments/, else beside
+    the table (a build elsewhere, as the tests make, leaves the package alone)."""
+    return MEASURED / "advice.json" if out.resolve() == (EXPERIMENTS / "recover").resolve() \
+        else out / "advice.json"
+
+
 def advice(data: Recover, out: Path) -> None:
     """advice.json for the doctor's fix lines (bnlab.advice): every input's picks() once its
     cells have their seeds (the doctor cites the input nearest its model in values per channel);
     removed while no input has them."""
-    path = out / "advice.json"
+    path = advice_path(out)
     inputs = [p for inp in INPUTS if (p := picks(data, inp)) is not None]
     if not inputs:
         path.unlink(missing_ok=True)

@@ -15,7 +15,7 @@ from bnlab.errors import BnlabError
 from bnlab.lab.plan import Cell, Spec
 from bnlab.lab.results import CellResult
 from bnlab.lab.table import RunsData
-from bnlab.paths import EXPERIMENTS, ROOT
+from bnlab.paths import EXPERIMENTS, MEASURED, ROOT
 from conftest import fake_headline_run
 
 # per fix its plateau level; ln's moves about bn's from seed to seed (no gain on average)
@@ -54,6 +54,8 @@ def test_each_fix_is_judged_against_the_reference_and_bn(tmp_path):
     assert share == pytest.approx(0.5, abs=0.05) and lo < share < hi
     text = recover.render(recover.Recover(d))
     assert "| gn cell |" in text and "| partly |" in text and "## Rules and their history" in text
+    assert recover.advice_path(tmp_path) == tmp_path / "advice.json"  # built elsewhere
+    assert recover.advice_path(EXPERIMENTS / "recover") == MEASURED / "advice.json"
     recover.advice(recover.Recover(d), tmp_path)  # the doctor's line reads it
     (advice,) = json.loads((tmp_path / "advice.json").read_text())["inputs"]  # resnet20's
     assert advice["input"] == "resnet20" and advice["where"].startswith("4 ranks x 2 on resnet20")
@@ -153,5 +155,5 @@ def test_the_readme_carries_the_finding_once_advice_json_is_written():
     """make report writes both from the same runs (its README block is written after every
     table is built, so table-recover's finding, outside the settled block, reaches it)."""
     readme = (ROOT / "README.md").read_text().split("<!-- headline:end -->")[0]
-    there = (EXPERIMENTS / "recover" / "advice.json").is_file()
+    there = (MEASURED / "advice.json").is_file()  # package data: what the doctor quotes
     assert ("([table-recover](experiments/recover/table.md))" in readme) == there

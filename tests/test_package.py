@@ -1,0 +1,75 @@
+"""bnlab inside someone else's project: the wheel, installed into a fresh virtual environment
+(offline, its dependencies from uv.lock through uv's cache), run from another folder, carries
+what the doctor quotes and has a `bnlab` command."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+UV = shutil.which("uv")
+DOCTOR = ["doctor", "--model", "torchvision:resnet18", "--input", "3x32x32", "--world", "4",
+          "--batch-per-rank", "2"]
+
+
+def _run(cmd: list[str], cwd, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """A fresh environment holding the built wheel and the locked dependencies, nothing of
+    the checkout: its `bin/` folder."""
+    if UV is None:
+        pytest.skip("uv is not installed (make install installs it)")
+    tmp = tmp_path_factory.mktemp("wheel")
+    p = _run([UV, "build", "--wheel", "--offline", "-o", str(tmp / "dist")], ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (wheel,) = (tmp / "dist").glob("bnlab-*.whl")
+    project = tmp / "project"  # the lock alone, so uv installs bnlab's dependencies, not bnlab
+    project.mkdir()
+    for f in ("pyproject.toml", "uv.lock"):
+        shutil.copy(ROOT / f, project / f)
+    venv = tmp / "venv"
+    p = _run([UV, "sync", "--frozen", "--offline", "--no-install-project", "--no-dev", "-q"],
+             project, {"UV_PROJECT_ENVIRONMENT": str(venv), "VIRTUAL_ENV": ""})
+    assert p.returncode == 0, p.stderr[-2000:]
+    p = _run([UV, "pip", "install", "--offline", "--no-deps", "-q", "--python",
+              str(venv / "bin" / "python"), str(wheel)], tmp)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return venv / "bin"
+
+
+def _fixes(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("- ")]
+
+
+def test_the_installed_doctor_prints_the_checkouts_fix_lines(installed, tmp_path):
+    """From another folder, the installed package quotes the same measurements (package data)
+    as the checkout: the same fix lines, word for word."""
+    where = _run([str(installed / "python"), "-c", "import bnlab; print(bnlab.__file__)"],
+                 tmp_path)
+    assert "site-packages" in where.stdout, where.stdout + where.stderr  # not the checkout
+    there = _run([str(installed / "bnlab"), *DOCTOR], tmp_path)
+    here = _run([sys.executable, "-m", "bnlab", *DOCTOR], ROOT)
+    assert there.returncode == here.returncode == 1, there.stderr[-2000:]
+    assert _fixes(there.stdout) == _fixes(here.stdout) and len(_fixes(here.stdout)) == 4
+    assert "not been measured yet" not in there.stdout  # what bnlab measured travelled with it
+    assert "table-recover at 4 ranks x 2 on" in there.stdout
+
+
+def test_bnlab_is_a_command_with_its_tools(installed, tmp_path):
+    p = _run([str(installed / "bnlab"), "--help"], tmp_path)
+    assert p.returncode == 0 and p.stdout.startswith("usage: bnlab ")
+    for command in ("doctor", "diagnose", "runs", "plot"):
+        assert command in p.stdout
+    p = _run([str(installed / "bnlab"), "doctor", "--world", "0", "--model",
+              "torchvision:resnet18"], tmp_path)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1  # bad input: one sentence, exit 2
