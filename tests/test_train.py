@@ -359,3 +359,19 @@ def test_the_defaults_train_at_four_ranks_of_two(tmp_path):
            "log_every=5", f"hydra.run.dir={d}")
     losses = [r["train/loss"] for r in read_jsonl(d / "metrics.jsonl") if "train/loss" in r]
     assert len(losses) == 6 and max(losses) < 5.0, losses
+
+
+def test_a_multirun_through_hydras_submitit_launcher(tmp_path):
+    """hydra-submitit-launcher is in the lock (the slurm extra, which make install includes):
+    a 2-job local multirun through it completes both runs and prints the multirun's table."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    r = run_entry("train.py", "-m", "hydra/launcher=submitit_local", "model=resnet20",
+                  "data=synthetic", "data.num_train=32", "data.num_val=16", "epochs=1",
+                  "batch_per_gpu=8", "max_steps=2", "eval_every=1", "progress=false",
+                  "dist.threads=1", "diagnostics.enabled=false", "seed=0,1",
+                  f"output_dir={tmp_path}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    statuses = sorted((tmp_path / "train").rglob("status.json"))
+    assert len(statuses) == 2
+    assert all(json.loads(s.read_text())["status"] == "completed" for s in statuses)
+    assert "| 0 | 0 | completed |" in r.stdout and "| 1 | 1 | completed |" in r.stdout
