@@ -22,11 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-from bnlab.claims import recover, recoverpilot
+from bnlab.claims import recover
 from bnlab.errors import BnlabError
-from bnlab.lab import choose, page, rules, table
+from bnlab.lab import page, rules, table
 from bnlab.lab.figures import nothing_yet, plt, save
 from bnlab.lab.results import CellResult, fmt
 from bnlab.lab.table import RunsData, Verdict
@@ -66,27 +65,16 @@ def spec_cells(picks: dict[str, dict]) -> list[dict]:
 
 
 def write_spec(path: Path = SPEC, data: str | None = None) -> int:
-    """experiments/converge/sweep.yaml from the committed pilot's runs; refuses to overwrite a
-    spec that differs (a change after runs is a rule change, made by hand and disclosed)."""
-    d = table.runs_data(table.Context(recoverpilot.TABLE, data=data))
-    picks = choose.choices(d.cells, choose.Rules.read(recoverpilot.RULES))
-    text = "\n".join([
-        "# make table-converge: does table-recover's ranking hold when each run trains 4x",
-        "# longer? resnet20 at 4 ranks x 2, 40 epochs, the rate decayed to zero (cosine) after",
-        "# warmup, each fix at the rate (and setting) table-recoverpilot chose on held-out data",
-        "# (written from its choices by `python -m bnlab.claims converge-spec`), 3 seeds; its",
-        "# rules: rules.yaml beside this file, committed before any of its runs.",
-        yaml.safe_dump({"title": "Does the ranking hold 4x longer? Each fix at 40 epochs "
-                        "(cosine) on resnet20 at 4 ranks x 2", "experiment": "headline",
-                        "seeds": SEEDS, "jobs": 2, "cells": spec_cells(picks)},
-                       sort_keys=False, width=100)])
-    if path.is_file() and path.read_text() != text:
-        raise BnlabError(f"{path} exists and differs from what the pilot's choices give; a "
-                         "change of the spec after its runs is a rule change: make it by hand "
-                         "and disclose it in experiments/converge/rules.yaml.")
-    path.write_text(text)
-    print(f"wrote {path}")
-    return 0
+    """experiments/converge/sweep.yaml from the committed pilot's runs, as table-recover's."""
+    return recover.write_from_pilot(path, [
+        "make table-converge: does table-recover's ranking hold when each run trains 4x",
+        "longer? resnet20 at 4 ranks x 2, 40 epochs, the rate decayed to zero (cosine) after",
+        "warmup, each fix at the rate (and setting) table-recoverpilot chose on held-out data",
+        "(written from its choices by `python -m bnlab.claims converge-spec`), 3 seeds; its",
+        "rules: rules.yaml beside this file, committed before any of its runs."],
+        {"title": "Does the ranking hold 4x longer? Each fix at 40 epochs (cosine) on resnet20 at "
+         "4 ranks x 2", "experiment": "headline", "seeds": SEEDS, "jobs": 2,
+         "cells": spec_cells(recover.pilot_picks(data))}, "converge")
 
 
 # ----------------------------------------------------------------------------------------

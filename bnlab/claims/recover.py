@@ -97,28 +97,39 @@ def spec_cells(picks: dict[str, dict]) -> list[dict]:
     return cells
 
 
-def write_spec(path: Path = SPEC, data: str | None = None) -> int:
-    """experiments/recover/sweep.yaml from the committed pilot's runs; refuses to overwrite a
-    spec that differs (a change after runs is a rule change, made by hand and disclosed)."""
+def pilot_picks(data: str | None = None) -> dict[str, dict]:
+    """table-recoverpilot's choices from its committed runs."""
     d = table.runs_data(table.Context(recoverpilot.TABLE, data=data))
-    picks = choose.choices(d.cells, choose.Rules.read(recoverpilot.RULES))
-    text = "\n".join([
-        "# make table-recover: every fix at 4 ranks x 2 on resnet20 and resnet18 at 32 px, at the",
-        "# rate (and setting) resnet20's pilot chose on held-out data (experiments/recoverpilot;",
-        "# written from its choices by `python -m bnlab.claims recover-spec`), against each",
-        "# input's 1 x 8 reference and bn 4 x 2 (table-values' runs, the same overrides), on",
-        "# table-values' 10-epoch protocol, 5 seeds. Run order: resnet20's cells first (its",
-        "# ranking writes the doctor's advice and the README's finding), then resnet18's.",
-        yaml.safe_dump({"title": "What to use instead of BN at 4 ranks x 2: every fix at its "
-                        "own held-out rate", "experiment": "headline", "seeds": SEEDS,
-                        "jobs": 2, "cells": spec_cells(picks)}, sort_keys=False, width=100)])
+    return choose.choices(d.cells, choose.Rules.read(recoverpilot.RULES))
+
+
+def write_from_pilot(path: Path, header: list[str], spec: dict, rules_name: str) -> int:
+    """A spec written from the pilot's choices: `header` (comment lines) and `spec`; refuses to
+    overwrite one that differs (a change after runs is a rule change, made by hand and
+    disclosed in experiments/<rules_name>/rules.yaml)."""
+    text = "\n".join([*(f"# {line}" for line in header),
+                      yaml.safe_dump(spec, sort_keys=False, width=100)])
     if path.is_file() and path.read_text() != text:
         raise BnlabError(f"{path} exists and differs from what the pilot's choices give; a "
                          "change of the spec after its runs is a rule change: make it by hand "
-                         "and disclose it in experiments/recover/rules.yaml.")
+                         f"and disclose it in experiments/{rules_name}/rules.yaml.")
     path.write_text(text)
     print(f"wrote {path}")
     return 0
+
+
+def write_spec(path: Path = SPEC, data: str | None = None) -> int:
+    """experiments/recover/sweep.yaml from the committed pilot's runs (write_from_pilot)."""
+    return write_from_pilot(path, [
+        "make table-recover: every fix at 4 ranks x 2 on resnet20 and resnet18 at 32 px, at the",
+        "rate (and setting) resnet20's pilot chose on held-out data (experiments/recoverpilot;",
+        "written from its choices by `python -m bnlab.claims recover-spec`), against each",
+        "input's 1 x 8 reference and bn 4 x 2 (table-values' runs, the same overrides), on",
+        "table-values' 10-epoch protocol, 5 seeds. Run order: resnet20's cells first (its",
+        "ranking writes the doctor's advice and the README's finding), then resnet18's."],
+        {"title": "What to use instead of BN at 4 ranks x 2: every fix at its own held-out rate",
+         "experiment": "headline", "seeds": SEEDS, "jobs": 2,
+         "cells": spec_cells(pilot_picks(data))}, "recover")
 
 
 # ----------------------------------------------------------------------------------------
