@@ -44,8 +44,9 @@ PACK = (1, 2, 4, 8, 16)  # runs side by side on one GPU
 class Bench:
     """Collects rows; each row is one figure against its reference (and target, if any)."""
 
-    def __init__(self, quick: bool):
+    def __init__(self, quick: bool, sections: tuple[str, ...] = ()):
         self.quick, self.rows, self.current = quick, [], ""  # current: the SECTIONS key
+        self.sections = sections  # every section this run measures
 
     def n(self, full: int, quick: int) -> int:
         return quick if self.quick else full
@@ -229,7 +230,9 @@ def precision(b: Bench) -> None:
                       model=model, layout=f"{world}x{batch}")
     if device == "cuda" or b.quick:
         ks = (1, 8, 16) if device == "cuda" else (1, 2)
-        for prec in ("fp32", "bf16"):
+        # fp32's packing rows are the gpu section's where it runs too (not measured twice)
+        both = device != "cuda" or "gpu" not in b.sections
+        for prec in ("fp32", "bf16") if both else ("bf16",):
             packing(b, device, ks, prec)
 
 
@@ -413,7 +416,7 @@ def main() -> int:
               f"{', '.join(SECTIONS)}.", file=sys.stderr)
         return 2
     out = a.out or HERE / "results" / f"{socket.gethostname()}.json"
-    b, info, t0 = Bench(a.quick), machine(), time.perf_counter()
+    b, info, t0 = Bench(a.quick, tuple(chosen)), machine(), time.perf_counter()
     commit = git_commit()  # the code measured: taken before the run, not after it
     print(f"machine: {info['machine']}; torch {torch.__version__}"
           f"{' (quick: code paths only)' if a.quick else ''}")

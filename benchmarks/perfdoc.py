@@ -76,8 +76,8 @@ WHY = {
                  "resnet18 at 32 px, at 4 simulated ranks x 2 (syncbn: the recovered cell) and "
                  "1 x 8 (bn), the four variants in alternating rounds in one run. At 8 images "
                  "a step is a few dozen small kernels, so casts can cost more than bf16 saves; "
-                 "the same run's packing rows (the packing section, run 1) repeat the headline "
-                 "cell in fp32 and bf16 with K runs on one GPU.",
+                 "the packing section's rows from the same run repeat the headline cell in fp32 "
+                 "and bf16 with K runs on one GPU.",
     "packing": "K runs of the headline cell (resnet20, 4 simulated ranks x 2 images) side by "
                "side on one GPU (`python -m bnlab.claims ... --runs-per-gpu K --jobs K`), each "
                "its own process with cores / K threads, all starting together; step times "

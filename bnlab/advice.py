@@ -64,8 +64,8 @@ def nearest(entries: list[dict], values: int | None) -> tuple[dict, list[dict]]:
 
 
 def cited(entry: dict, values: int | None) -> str:
-    """'4 ranks x 2 on resnet20 (CIFAR-10; 128 values per channel at its smallest BN layer,
-    the measured input nearest to this model's 98)'."""
+    """'4 ranks x 2 on resnet20 (CIFAR-10; 128 values per channel per rank at its smallest BN
+    layer, the measured input nearest to this model's 98)'."""
     if not entry.get("values"):
         return entry["where"]
     why = f"{entry['values']} values per channel per rank at its smallest BN layer"

@@ -206,6 +206,10 @@ def _check_precision(cfg: dict, here: bool) -> None:
     if cfg["precision"] == "fp16" and cpu:
         raise BnlabError("precision=fp16 needs CUDA (its gradient scaler and half kernels are "
                          "the GPU's); use precision=bf16 on the CPU.")
+    if cfg["precision"] == "bf16" and here and not cpu and torch.cuda.is_available() \
+            and not torch.cuda.is_bf16_supported():
+        raise BnlabError("precision=bf16 needs a GPU with bfloat16 (Ampere or newer); use "
+                         "precision=fp16 on this one.")
 
 
 def _check_records(cfg: dict) -> None:

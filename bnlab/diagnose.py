@@ -44,7 +44,7 @@ from bnlab.precise_bn import ESTIMATORS, precise_bn, set_running_stats
 
 EPS = 1e-5
 THRESHOLD = 1.0  # points of the metric: above this cost, the statistics are a problem
-DOCTOR_LISTS = "python -m bnlab doctor lists them"  # where the options are, for the advice line
+DOCTOR_LISTS = "bnlab doctor lists them"  # where the options are, for the advice line
 
 
 @dataclass

@@ -288,7 +288,7 @@ def convert(model: nn.Module, kind: str, *, skip: Iterable[str] = (), **opts) ->
         if kind == "gnws" else set()
 
     def pick(module: nn.Module, name: str) -> nn.Module | None:
-        if name in ws and not isinstance(module, WSConv2d):
+        if name in ws and name not in skip and not isinstance(module, WSConv2d):
             return from_conv(module, opts.get("ws_eps", 1e-6))
         if not isinstance(module, _BatchNorm):
             return None

@@ -66,25 +66,34 @@ def to_conv(ws: WSConv2d) -> nn.Conv2d:
     return conv.train(ws.training)
 
 
+def plain(module: nn.Module | None) -> bool:
+    """A torch nn.Conv2d itself: a subclass (timm's Conv2dSame, a lazy or parametrized conv)
+    has its own forward, which standardizing would drop, so it is left as it is."""
+    return type(module) is nn.Conv2d
+
+
 def feeding_convs(model: nn.Module, norms: set[str]) -> dict[str, str]:
-    """For each normalization layer named in `norms`, the name of the Conv2d whose output it
-    takes, where one does: read from the model's traced graph (torch.fx), else, where the model
-    does not trace, the Conv2d registered just before it in the same parent (conv1 -> bn1, a
-    Sequential's conv -> bn)."""
+    """For each normalization layer named in `norms`, the name of the plain nn.Conv2d whose
+    output it takes, where one does: read from the model's traced graph (torch.fx); for a layer
+    the graph does not show (a model fx cannot trace, or a layer inside a traced-through
+    module), the Conv2d registered just before it in the same parent (conv1 -> bn1, a
+    Sequential's conv -> bn). A layer fed by anything else gets none: GroupNorm alone."""
+    mods = dict(model.named_modules())
+    out = {}
     try:
         from torch import fx
 
         graph = fx.symbolic_trace(model).graph
     except Exception:  # noqa: BLE001 (any model fx cannot trace: data-dependent control flow...)
-        return _by_order(model, norms)
-    mods = dict(model.named_modules())
-    out = {}
-    for node in graph.nodes:
+        graph = None
+    seen = set()
+    for node in graph.nodes if graph is not None else []:
         if node.op == "call_module" and node.target in norms and node.args:
+            seen.add(node.target)
             src = node.args[0]
-            if getattr(src, "op", None) == "call_module" and \
-                    isinstance(mods.get(src.target), nn.Conv2d):
+            if getattr(src, "op", None) == "call_module" and plain(mods.get(src.target)):
                 out[node.target] = src.target
+    out.update(_by_order(model, norms - seen))
     return out
 
 
@@ -96,6 +105,6 @@ def _by_order(model: nn.Module, norms: set[str]) -> dict[str, str]:
             full = f"{parent_name}.{name}" if parent_name else name
             if full in norms and before is not None:
                 out[full] = before
-            before = full if isinstance(child, nn.Conv2d) else None
+            before = full if plain(child) else None
     return out
 

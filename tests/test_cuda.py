@@ -193,3 +193,19 @@ def test_train_py_trains_in_mixed_precision_on_cuda(tmp_path, args):
     assert json.loads((d / "status.json").read_text())["status"] == "completed"
     ckpt = torch.load(d / "checkpoint.pt", weights_only=True)
     assert bool(ckpt["scaler"]) == ("precision=fp16" in args)
+
+
+@needs_cifar
+def test_an_fp16_run_resumes_with_its_loss_scale(tmp_path):
+    """An fp16 run stopped by max_steps and extended from its checkpoint goes on with the
+    scaler's state it saved (its scale and growth tracker), and completes."""
+    args = [*SMOKE, "dist.device=cuda", "dist.simulate=4", "batch_per_gpu=2",
+            "precision=fp16", f"hydra.run.dir={tmp_path / 'r'}"]
+    r = run_entry("train.py", *args, "max_steps=4", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    saved = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=True)["scaler"]
+    assert saved and saved["scale"] > 0
+    r = run_entry("train.py", *args, "max_steps=0", cwd=tmp_path)
+    assert r.returncode == 0 and "resuming" in r.stdout, r.stderr[-3000:]
+    after = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=True)["scaler"]
+    assert after["scale"] > 0 and set(after) == set(saved)

@@ -112,3 +112,18 @@ def test_gnws_trains_through_train_py(tmp_path):
                  "log_every=4", f"hydra.run.dir={tmp_path / 'r'}", cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "completed" in (tmp_path / "r" / "status.json").read_text()
+
+
+def test_skip_and_conv_subclasses_are_left_as_they_are():
+    """A conv named in skip= stays plain (skip leaves a layer as it is), and a Conv2d subclass
+    with its own forward (timm's Conv2dSame: dynamic padding) is never rebuilt: its layer gets
+    GroupNorm alone."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(),
+                          timm_layers.Conv2dSame(8, 8, 3, stride=2), nn.BatchNorm2d(8))
+    x = torch.randn(2, 3, 9, 9)
+    shape = model.eval()(x).shape
+    conv = bnlab.convert(copy.deepcopy(model), "gnws", groups=4)
+    assert isinstance(conv[0], WSConv2d) and type(conv[3]) is timm_layers.Conv2dSame
+    assert conv(x).shape == shape  # Conv2dSame's padding kept
+    kept = bnlab.convert(copy.deepcopy(model), "gnws", groups=4, skip=["0"])
+    assert type(kept[0]) is nn.Conv2d and isinstance(kept[1], nn.GroupNorm)

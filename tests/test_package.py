@@ -31,6 +31,8 @@ def installed(tmp_path_factory):
         pytest.skip("uv is not installed (make install installs it)")
     tmp = tmp_path_factory.mktemp("wheel")
     p = _run([UV, "build", "--wheel", "--offline", "-o", str(tmp / "dist")], ROOT)
+    if p.returncode and "offline" in p.stderr.lower():  # uv's cache lacks the build backend
+        pytest.skip("uv cannot build offline here: " + p.stderr.strip().splitlines()[-1])
     assert p.returncode == 0, p.stderr[-2000:]
     (wheel,) = (tmp / "dist").glob("bnlab-*.whl")
     project = tmp / "project"  # the lock alone, so uv installs bnlab's dependencies, not bnlab

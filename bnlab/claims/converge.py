@@ -168,12 +168,19 @@ def render(data: Converge) -> str:
                      f"to {fmt(recover.pct(m['share'][2]), 0)})",
                      "reference" if ref else said(m), "-" if ref else said(ten)])
     answer, words = ranking(data)
+    bn = recover.by_fix(d, "bn", INPUT)
+    mb = None if bn is None else recover.measure(d, bn, RULES)
+    breaks = ("still to come" if mb is None else "breaks (its gap to 1 x 8 at least "
+              f"{RULES['break_points']:g} points, its interval above 0)" if mb["bn_breaks"] else
+              "does not break: no share is read, and a fix's state there says less than at "
+              "10 epochs")
     return table.runs_page(d, "\n".join([
         page.md_table(["cell", "seeds", "plateau acc (%)", "final acc (%)",
                        "von Neumann sd (pts)", "churn floor (pts)", "gap to 1x8 (pts, 95% CI)",
                        "share of bn's loss recovered (95% CI)", f"state at {EPOCHS} epochs",
                        "state at 10 epochs (table-recover)"], rows), "",
         f"**The ranking at {EPOCHS} epochs: {answer}** ({'; '.join(words)}).", "",
+        f"bn at 4 x 2 after {EPOCHS} epochs: {breaks}.", "",
         "Length and schedule both differ from table-recover's: "
         f"{' '.join(str(RULES.raw['cells']).split())}. Measure: "
         f"{' '.join(str(RULES.raw['measure']).split())}. States: table-recover's, at "

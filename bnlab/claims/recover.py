@@ -157,7 +157,13 @@ def where(c: CellResult) -> str:
 
 
 def by_fix(d: RunsData, fix: str, on: str = FIRST) -> CellResult | None:
-    return next((c for c in d.cells if c.cell.meta.get("fix") == fix and where(c) == on), None)
+    """The input's one cell of `fix`; refused where the spec has two (a fix at a second setting
+    takes its own fix name, e.g. gn8, so that neither is read for the other)."""
+    found = [c for c in d.cells if c.cell.meta.get("fix") == fix and where(c) == on]
+    if len(found) > 1:
+        raise BnlabError(f"{d.spec.path} has {len(found)} cells of fix '{fix}' on {on}; give "
+                         "each setting its own fix name (e.g. gn8) so each is read alone.")
+    return found[0] if found else None
 
 
 def per_seed(c: CellResult) -> dict[int, float]:

@@ -79,7 +79,8 @@ def compare(here: RunsData, there: RunsData, judge: Judge,
         parts += cells
         both = sum(c.cell.label in mine for c in there.cells if judge(there, c) is not None
                    and judge(there, c)["state"] != "reference")
-        parts.append(f"the same state on both devices in {agree} of {both} cells")
+        if both:
+            parts.append(f"the same state on both devices in {agree} of {both} cells")
     if refs:
         parts.append("the references' plateau accuracy (%): " + "; ".join(refs))
     left = {k: v for k, v in todo.items() if v[1]}
