@@ -77,7 +77,7 @@ table-ranks: install ## C5: grad accumulation; 1 rank vs 4 (C3's history) -> exp
 tables: install ## all three sweeps in one pool (shared cells run once), then every table
 	$(CLAIMS) jitter ranks batch
 
-table-lrpilot: install ## the headline protocol's learning rate, by its stated rule -> experiments/lrpilot/
+table-lrpilot: install ## history: the first headline protocol's learning rate, by its stated rule -> experiments/lrpilot/
 	$(CLAIMS) lrpilot
 
 table-pilot: install ## the headline protocol's choices (lr, gn groups, freeze point) on 1,000 held-out images -> experiments/pilot/

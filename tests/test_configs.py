@@ -142,3 +142,23 @@ def test_the_default_rate_scales_with_the_global_batch_and_reports_is_literal():
     rep = compose_train(["experiment=reports"])
     assert peak_lr(rep["optim"], 8) == 0.1 and rep["optim"]["warmup_epochs"] == 0
     assert rep["optim"]["schedule"] == "constant" and rep["batch_per_gpu"] == 2
+
+
+def test_the_demos_words_match_its_config():
+    """configs/experiment/demo.yaml's steps, evaluations and test images, as its comment,
+    bnlab/lab/demo.py and docs/training.md state them (they once said 500 where it ran 250)."""
+    import yaml
+
+    from bnlab.paths import ROOT
+
+    path = ROOT / "configs" / "experiment" / "demo.yaml"
+    c = yaml.safe_load(path.read_text())
+    steps = c["data"]["train_limit"] // (c["batch_per_gpu"] * c["dist"]["simulate"]) * c["epochs"]
+    evals, images = c["epochs"] * c["eval_every"], c["data"]["val_limit"]
+    comment = " ".join(line.lstrip("# ") for line in path.read_text().splitlines()[:5])
+    assert f"{steps} steps" in comment and f"{evals} evaluations of {images} test images" \
+        in comment
+    docs = " ".join((ROOT / "docs" / "training.md").read_text().split())
+    assert f"({steps} steps, {evals} evaluations of {images} test images)" in docs
+    for text in (docs, (ROOT / "bnlab" / "lab" / "demo.py").read_text()):
+        assert not any(f"{n} steps" in text for n in (2 * steps, steps // 2))

@@ -64,9 +64,8 @@ def test_each_fix_is_judged_against_the_reference_and_bn(tmp_path):
     assert set(advice["fixes"]) == {"syncbn", "gn", "ln"} and \
         advice["fixes"]["ln"]["state"] == "no better"  # the doctor's gn line reads its entry
     f = recover.finding(recover.Recover(d))[0]
-    assert f.text.startswith("At 4 x 2, on resnet20, SyncBN over all 4 ranks gets back ") and \
-        f.text.endswith(" and GroupNorm 50% (50 to 50); LayerNorm does no better than BN "
-                        "(torchvision resnet18 at 32 px: runs still to come).")
+    assert f.text.startswith("At 4 x 2 on resnet20, SyncBN over all 4 ranks gets back ") and \
+        f.text.endswith(" and GroupNorm 50% (50 to 50); LayerNorm does no better than BN.")
 
 
 def test_a_seed_still_to_come_leaves_the_fix_undecided_and_no_finding(tmp_path):
@@ -136,19 +135,28 @@ def test_the_finding_says_when_no_fix_without_communication_does_better(monkeypa
     fixes = {"syncbn": entry("syncbn", "partly", 8.0), "gn": entry("gn", "no better", -4.0),
              "precise": entry("precise", "no better", 0.5)}
     other = {"gn": entry("gn", "recovers", 9.0), "precise": entry("precise", "no better", 0.5)}
-    by_input = {"resnet20": {"fixes": fixes, "values": 128}}
+    by_input = {"resnet20": {"fixes": fixes, "values": 128, "best": fixes["syncbn"],
+                             "best_free": fixes["precise"]}}
     monkeypatch.setattr(recover, "picks", lambda data, inp: by_input.get(inp))
     assert recover.finding(None)[0].text == (
-        "At 4 x 2, on resnet20 (128 values per channel per rank at its smallest BN layer), "
-        "SyncBN over all 4 ranks gets back 80% of BN's loss (95% CI 70 to 90); no fix without "
-        "per-step communication beats BN (torchvision resnet18 at 32 px: runs still to come).")
-    by_input["resnet18 32 px"] = {"fixes": other, "values": 2}
-    fixes["syncbn"] = entry("syncbn", "no better", 0.2)
+        "At 4 x 2 on resnet20, SyncBN over all 4 ranks gets back 80% of BN's loss (95% CI 70 "
+        "to 90); no fix without per-step communication beats BN.")
+    by_input["resnet18 32 px"] = {"fixes": other, "values": 2, "best": other["gn"],
+                                  "best_free": other["gn"]}
     assert recover.finding(None)[0].text == (
-        "At 4 x 2, on resnet20 (128 values per channel per rank at its smallest BN layer), no "
-        "fix beats BN; on torchvision resnet18 at 32 px (2 values per channel per rank at its "
-        "smallest BN layer), GroupNorm gets back 90% of BN's loss (95% CI 80 to 100); BN with "
-        "PreciseBN every epoch does no better than BN.")
+        "At 4 x 2 the fix depends on the input: on resnet20 (128 values per channel), SyncBN "
+        "over all 4 ranks gets back 80% of BN's loss (95% CI 70 to 90); nothing without "
+        "per-step communication beats BN; on torchvision resnet18 at 32 px (2 values per "
+        "channel), GroupNorm gets back 90% of BN's loss (95% CI 80 to 100).")
+    other["syncbn"] = entry("syncbn", "recovers", 9.5)
+    by_input["resnet18 32 px"]["best"] = other["syncbn"]
+    assert recover.finding(None)[0].text.endswith(
+        "SyncBN over all 4 ranks gets back 95% of BN's loss (95% CI 85 to 105); without "
+        "per-step communication, GroupNorm gets back 90% (95% CI 80 to 100).")
+    fixes["syncbn"] = entry("syncbn", "no better", 0.2)
+    by_input["resnet20"]["best"] = fixes["syncbn"]
+    assert "on resnet20 (128 values per channel), no fix beats BN;" in \
+        recover.finding(None)[0].text
 
 
 def test_the_readme_carries_the_finding_once_advice_json_is_written():
