@@ -13,6 +13,8 @@ import pytest
 
 from conftest import ROOT
 
+# CI time (about 35 s on 2 cores: a wheel build and a fresh environment); make test-slow runs it
+pytestmark = pytest.mark.slow
 UV = shutil.which("uv")
 DOCTOR = ["doctor", "--model", "torchvision:resnet18", "--input", "3x32x32", "--world", "4",
           "--batch-per-rank", "2"]

@@ -106,7 +106,7 @@ def test_simulation_equals_real_ddp(world):
 @pytest.mark.parametrize("model_name", sorted(MODELS))
 def test_every_norm_converts_every_model_and_trains_a_step(kind, model_name):
     base = build_model(model_name)
-    opts = {"groups": 8, "cap_groups": True} if kind == "gn" else {}
+    opts = {"groups": 8, "cap_groups": True} if kind in ("gn", "gnws") else {}
     model = convert(copy.deepcopy(base), kind, **opts)
     assert not any(type(m) is nn.BatchNorm2d for m in model.modules())
     # Every norm has a per-channel scale and shift, so the parameter count is unchanged, but
