@@ -276,6 +276,7 @@ def render(data: Recover) -> str:
         "over bn's mean gap, with a bootstrap interval over seeds. "
         + " ".join(f"{k.replace('_', ' ')}: {RULES.raw[k]}." for k in
                    ("partly", "no_better", "unclear")), "",
+        beside_others(), "",
         "Step time (shown, not ruled): each fix's training step over bn's on resnet20 at 4 "
         "simulated ranks x 2 in one process, measured side by side by `make bench ONLY=fixes` "
         "(benchmarks/results/; docs/performance.md). On a CPU in one process syncbn's "
@@ -285,6 +286,23 @@ def render(data: Recover) -> str:
         + ("" if times else "No measurement that names its fix yet (rows measured before "
            "they did are not read): run `make bench ONLY=fixes`."), "",
         *rules.history(RULES)]))
+
+
+def beside_others() -> str:
+    """Where this table's answer sits beside the README's other GroupNorm numbers: table-fixes
+    ran gn at its own rate and length, make demo trains this table's second input."""
+    raw = yaml.safe_load((EXPERIMENTS / "fixes" / "sweep.yaml").read_text())
+    gn = next(c for c in raw["cells"] if c.get("fix") == "gn")
+    rate, here = gn["lr"], float(reference("")[-1].split("=")[1])
+    groups = next((o.split("=")[1] for o in gn["overrides"] if o.startswith("norm.groups=")),
+                  "32")
+    return (f"Beside the other tables: table-fixes (the README's finding 4) measured GroupNorm "
+            f"({groups} groups) on resnet20 at lr {rate:g}, 1/{here / rate:g} of the rate here, "
+            "over 20 epochs "
+            "with bn at that same rate; here each fix runs at the rate its own held-out pilot "
+            "chose, over 10 epochs (table-converge trains them 4x longer), so the two rank "
+            "GroupNorm on different protocols. `make demo` trains torchvision resnet18 at 32 "
+            "px, this table's second input, where BN normalizes 2 values per channel per rank.")
 
 
 def pct(x: float | None) -> float | None:

@@ -54,6 +54,7 @@ def test_each_fix_is_judged_against_the_reference_and_bn(tmp_path):
     assert share == pytest.approx(0.5, abs=0.05) and lo < share < hi
     text = recover.render(recover.Recover(d))
     assert "| gn cell |" in text and "| partly |" in text and "## Rules and their history" in text
+    assert "(8 groups) on resnet20 at lr 0.000390625, 1/16 of the rate here" in text
     assert recover.advice_path(tmp_path) == tmp_path / "advice.json"  # built elsewhere
     assert recover.advice_path(EXPERIMENTS / "recover") == MEASURED / "advice.json"
     recover.advice(recover.Recover(d), tmp_path)  # the doctor's line reads it
