@@ -183,9 +183,9 @@ def render(data: Converge) -> str:
         f"bn at 4 x 2 after {EPOCHS} epochs: {breaks}.", "",
         "Length and schedule both differ from table-recover's: "
         f"{' '.join(str(RULES.raw['cells']).split())}. Measure: "
-        f"{' '.join(str(RULES.raw['measure']).split())}. States: table-recover's, at "
-        f"{RULES['min_seeds']} seeds. The ranking: {' '.join(str(RULES.raw['ranking']).split())}."
-        " Final accuracy (shown, not ruled): the mean of the last epoch's evaluations.", "",
+        f"{' '.join(str(RULES.raw['measure']).split())}. The ranking: "
+        f"{' '.join(str(RULES.raw['ranking']).split())}. Final accuracy (shown, not ruled): the "
+        "mean of the last epoch's evaluations.", "", recover.states_in_words(RULES), "",
         *rules.history(RULES)]))
 
 

@@ -273,9 +273,8 @@ def render(data: Recover) -> str:
         "the compute budget, so its rates may not be its best. "
         "Gap: the 1 x 8 reference's plateau accuracy minus the cell's (positive: accuracy "
         "lost), paired on the seed; gain: the cell's minus bn 4 x 2's; share: the mean gain "
-        "over bn's mean gap, with a bootstrap interval over seeds. "
-        + " ".join(f"{k.replace('_', ' ')}: {RULES.raw[k]}." for k in
-                   ("partly", "no_better", "unclear")), "",
+        "over bn's mean gap, with a bootstrap interval over seeds.", "",
+        states_in_words(), "",
         beside_others(), "",
         "Step time (shown, not ruled): each fix's training step over bn's on resnet20 at 4 "
         "simulated ranks x 2 in one process, measured side by side by `make bench ONLY=fixes` "
@@ -286,6 +285,24 @@ def render(data: Recover) -> str:
         + ("" if times else "No measurement that names its fix yet (rows measured before "
            "they did are not read): run `make bench ONLY=fixes`."), "",
         *rules.history(RULES)]))
+
+
+def states_in_words(by: rules.Rules = RULES) -> str:
+    """The states in plain words, with the two readings a reader trips on (the rules, as data,
+    are below the page's table in rules.yaml)."""
+    return (f"States: **recovers**: the fix ends within {by['recovers_gap']:g} points of the "
+            f"1 x 8 reference, and its interval rules out losing {by['recovers_interval']:g} or "
+            "more. **partly**: clearly better than bn (its gain's interval above 0) and clearly "
+            "short of the reference (its gap's interval above 0). **no better**: its gain's "
+            "interval reaches 0 (the seeds cannot tell it from bn), or it diverged where the "
+            "reference did not. **unclear**: anything else, or fewer than "
+            f"{by['min_seeds']} seed pairs. Two readings follow from these: a fix can be "
+            "unclear above a weaker one that is partly, where its gap is small but its interval "
+            f"reaches below 0 and above {by['recovers_interval']:g} points (it may recover "
+            "fully or not: the seeds cannot say); and a share interval above 0 can sit beside "
+            "no better, because the share's interval (a bootstrap over seeds, shown) is not "
+            "what the state reads: the state reads the gain's t interval over the paired seeds, "
+            "which is wider with 5 seeds.")
 
 
 def beside_others() -> str:
