@@ -1,0 +1,41 @@
+"""The practitioners' reports as cases (examples/cases/): each reproduces its symptom with plain
+PyTorch, then bnlab names the cause and its fix works."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+# case script -> (what bnlab's line must name, the fixed line's pattern)
+CASES = {
+    "ranks_disagree.py": (r"the ranks' running statistics disagree by up to [0-9.]+ .*"
+                          r"bnlab\.sync_bn_stats\(model\)", r"differ by up to 0$"),
+}
+
+
+@pytest.mark.slow  # CI time (about 12 s a case: 2 gloo processes); make test-slow runs them
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_case_shows_the_symptom_and_bnlab_names_its_cause(case, tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "cases" / case)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = {ln.split(": ", 1)[0]: ln.split(": ", 1)[1] for ln in r.stdout.splitlines()
+             if ln.startswith(("symptom: ", "bnlab: ", "fixed: "))}
+    cause, fixed = CASES[case]
+    assert set(lines) == {"symptom", "bnlab", "fixed"}, r.stdout
+    assert re.search(cause, lines["bnlab"]), lines["bnlab"]
+    assert re.search(fixed, lines["fixed"]), lines["fixed"]
+    assert not r.stderr.strip(), r.stderr  # nothing else printed: no warning, no traceback
+
+
+def test_every_case_script_is_tested_and_in_the_docs_table():
+    scripts = {p.name for p in (ROOT / "examples" / "cases").glob("*.py")}
+    assert scripts == set(CASES)
+    table = (ROOT / "docs" / "library.md").read_text()
+    for name in scripts:
+        assert f"examples/cases/{name}" in table
