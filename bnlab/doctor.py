@@ -276,15 +276,25 @@ def recommend(layers: list[Layer], world: int, batch: int, min_values: int,
 
 
 def check(model: nn.Module, input_shape: tuple[int, ...], world: int, batch_per_rank: int, *,
-          min_values: int = MIN_VALUES,
-          min_images: int = MIN_IMAGES) -> tuple[list[Layer], list[str]]:
+          min_values: int = MIN_VALUES, min_images: int = MIN_IMAGES,
+          grad_accum: int = 1) -> tuple[list[Layer], list[str]]:
     """The doctor from Python, on the model as it is (its own BN kinds and sync groups):
-    the layers at risk and the fixes (both empty when none is at risk)."""
+    the layers at risk and the fixes (both empty when none is at risk). `batch_per_rank` is
+    what one forward pass sees; with `grad_accum` micro-batches a step, the first fix line
+    says that accumulating does not enlarge BN's batch."""
     layers = measure(model, tuple(input_shape), world, batch_per_rank, None, 0, min_values,
                      min_images)
     risky = [layer for layer in layers if layer.at_risk]
-    return risky, recommend(layers, world, batch_per_rank, min_values, min_images) \
-        if risky else []
+    tips = recommend(layers, world, batch_per_rank, min_values, min_images) if risky else []
+    return risky, ([accumulation(batch_per_rank, grad_accum)] + tips
+                   if risky and grad_accum > 1 else tips)
+
+
+def accumulation(batch: int, k: int) -> str:
+    """The line on gradient accumulation: BN normalizes each micro-batch, not the step's."""
+    return (f"gradient accumulation ({k} micro-batches a step) does not enlarge BN's batch: "
+            f"each forward normalizes its own micro-batch of {batch}, not the {batch * k} "
+            "images per rank the optimizer steps on; the fixes below count the micro-batch")
 
 
 def _divisors(n: int) -> list[int]:
@@ -298,7 +308,7 @@ def _divisors(n: int) -> list[int]:
 def report(args: argparse.Namespace) -> int:
     model, known_shape = load_model(args.model)
     shape = parse_input(args.input or known_shape or "3x224x224")
-    for key in ("world", "batch_per_rank", "min_values", "min_images"):
+    for key in ("world", "batch_per_rank", "min_values", "min_images", "grad_accum"):
         if getattr(args, key) < 1:
             raise BnlabError(f"--{key.replace('_', '-')} must be a positive integer, got "
                              f"{getattr(args, key)}.")
@@ -314,6 +324,8 @@ def report(args: argparse.Namespace) -> int:
     risky = [layer for layer in layers if layer.at_risk]
     tips = recommend(layers, args.world, args.batch_per_rank, args.min_values,
                      args.min_images) if risky else []
+    if risky and args.grad_accum > 1:
+        tips.insert(0, accumulation(args.batch_per_rank, args.grad_accum))
     setting = {"model": args.model, "input": "x".join(map(str, shape)), "world": args.world,
                "batch_per_rank": args.batch_per_rank, "norm": args.norm or "as built",
                "sync_group": _group(args.world, args.sync_group, args.norm),
@@ -384,7 +396,12 @@ def add_parser(sub) -> None:
     p.add_argument("--input", help="one sample's shape, e.g. 3x224x224 (default: 3x32x32 for "
                                    "bnlab models, else 3x224x224)")
     p.add_argument("--world", type=int, default=8, help="number of ranks (default 8)")
-    p.add_argument("--batch-per-rank", type=int, default=2, help="samples per rank (default 2)")
+    p.add_argument("--batch-per-rank", type=int, default=2,
+                   help="samples per rank in one forward pass: the micro-batch under gradient "
+                   "accumulation (default 2)")
+    p.add_argument("--grad-accum", type=int, default=1,
+                   help="micro-batches accumulated per optimizer step (default 1): BN still "
+                   "normalizes each micro-batch, and the fixes say so")
     p.add_argument("--norm", choices=KINDS, help="convert the BN layers first (default: the "
                                                  "model as built, statistics per rank)")
     p.add_argument("--sync-group", type=int, default=0,

@@ -292,3 +292,17 @@ def test_where_no_sync_group_reaches_8_samples_the_line_says_so(capsys):
                                        "no sync group reaches it")
     _, r = _json(capsys, "--model", "bnlab:resnet20", "--world", "1", "--batch-per-rank", "2")
     assert r["recommendations"][0].startswith("without per-step communication")  # no sync line
+
+
+def test_gradient_accumulation_is_named_and_counted_by_the_micro_batch(capsys):
+    """--grad-accum k: BN still normalizes each micro-batch of --batch-per-rank; the first fix
+    line says so, the others count the micro-batch (Lightning-AI #17446)."""
+    code, r = _json(capsys, "--model", "bnlab:resnet20", "--world", "1", "--batch-per-rank",
+                    "2", "--grad-accum", "4")
+    assert code == 1
+    assert r["recommendations"][0].startswith(
+        "gradient accumulation (4 micro-batches a step) does not enlarge BN's batch: each "
+        "forward normalizes its own micro-batch of 2, not the 8 images per rank")
+    _, plain = _json(capsys, "--model", "bnlab:resnet20", "--world", "1", "--batch-per-rank",
+                     "2")
+    assert r["recommendations"][1:] == plain["recommendations"]
