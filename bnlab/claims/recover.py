@@ -61,6 +61,8 @@ def bn_at_the_break(model: str) -> list[str]:
 PILOT_ONLY = ("data.holdout=", "eval_every=", "record.predictions=")  # the pilot's, not ours
 # no per-step communication (PreciseBN all-reduces once per recalibration)
 COMMUNICATION_FREE = ("gn", "gnws", "ln", "evonorm", "brn", "precise", "frozen_bn")
+# the README's two-input finding, within its word budget, names SyncBN as the claims do
+SHORT = {"syncbn": "SyncBN", "syncbn2": "SyncBN in pairs of ranks"}
 # each fix as the finding, the doctor and the page's legend name it, with its spec name
 NAMES = {"syncbn": "SyncBN over all 4 ranks", "syncbn2": "SyncBN in groups of 2 ranks",
          "gn": "GroupNorm", "gnws": "GroupNorm + Weight Standardization", "ln": "LayerNorm",
@@ -337,7 +339,7 @@ def plot(data: Recover, path: Path) -> None:
                                and math.isfinite(m["share"][0])]
     inputs = list(INPUTS)
     ms.sort(key=lambda cm: (inputs.index(where(cm[0])), -cm[1]["share"][0]))
-    fig, ax = plt.subplots(figsize=(8, 1.6 + 0.38 * max(len(ms), 4)))
+    fig, ax = plt.subplots(figsize=(9, 1.6 + 0.38 * max(len(ms), 4)))
     for i, (c, m) in enumerate(ms):
         s, lo, hi = (100 * x if x is not None else None for x in m["share"])
         err = [[s - lo], [hi - s]] if lo is not None else None
@@ -354,7 +356,7 @@ def plot(data: Recover, path: Path) -> None:
         nothing_yet(ax, data.waiting or "no fix has all its seeds and its references yet")
         ax.set_yticks([])
     ax.set(xlabel="share of bn's loss recovered (%, 95% CI over seeds)",
-           title="each fix between bn (0%) and the 1 x 8 reference (100%)" if ms else "")
+           title="0% = bn at 4 x 2, 100% = the 1 x 8 reference" if ms else "")
     ax.grid(alpha=0.3, axis="x")
     save(fig, path, "What to use instead of BN at 4 ranks x 2")
 
@@ -430,43 +432,45 @@ def ranked(p: dict) -> str:
     return "; ".join(x for x in (head, tail) if x)
 
 
-def best_two(p: dict) -> str:
+def best_two(p: dict, first: bool = True) -> str:
     """One input's answer in a clause short enough to sit beside another's: its best fix with
-    the share of BN's loss it gets back, then the best without per-step communication (or that
-    none beats BN)."""
-    def share(e: dict) -> str:
-        return (f"{e['name']} gets back {100 * e['share']:.0f}% of BN's loss (95% CI "
-                f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f})"
-                if e.get("share") is not None and e.get("lo") is not None else said(e))
+    the share of BN's loss it gets back (`first`: in full words, else as a bare share), then
+    the best without per-step communication, or that none beats BN."""
+    def share(e: dict, words: bool) -> str:
+        if e.get("share") is None or e.get("lo") is None:
+            return said(e)
+        ci = f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f}"
+        name = SHORT.get(e["fix"], e["name"])
+        return (f"{name} gets back {100 * e['share']:.0f}% of BN's loss (95% CI {ci})"
+                if words else f"{name} {100 * e['share']:.0f}% ({ci})")
 
     best, free = p["best"], p.get("best_free")
     if best["state"] == "no better":
         return "no fix beats BN"
     if free is not None and free["fix"] == best["fix"]:
-        return share(best)
-    loss = " of BN's loss"  # said once, in the first share
-    tail = ("nothing without per-step communication beats BN"
+        return share(best, first)
+    tail = ("none without communication does"
             if free is None or free["state"] == "no better" else
-            f"without per-step communication, {share(free).replace(loss, '')}")
-    return f"{share(best)}; {tail}"
+            f"without communication {share(free, False)}")
+    return f"{share(best, first)}, {tail}"
 
 
 def finding(data: Recover) -> list[Finding]:
     """What to use instead of BN at 4 x 2 in one sentence: on the first input alone, every fix
     that does better than bn and those ruled no better;
     once both inputs are measured, each input (with its values per channel at the break) by
-    its best fix and its best without per-step communication; none until the first input has
-    every seed."""
+    its best fix and its best without per-step communication, within the README's word
+    budget; none until the first input has every seed."""
     done = {inp: p for inp in INPUTS if (p := picks(data, inp)) is not None}
     if FIRST not in done:
         return []
     if len(done) == 1:  # it names its input; the page says which are to come
         text = f"At 4 x 2 on {FIRST}, {ranked(done[FIRST])}"
     else:
-        text = "At 4 x 2 the fix depends on the input: " + "; ".join(
-            f"on {WORDS.get(inp, inp)}" + (f" ({p['values']} values per channel)"
-                                           if p.get("values") else "") + f", {best_two(p)}"
-            for inp, p in done.items())
+        text = "At 4 x 2, " + "; ".join(
+            f"on {inp.replace(' 32 px', ' at 32 px')}"
+            + (f" ({p['values']} values{' per channel' * (i == 0)})" if p.get("values") else "")
+            + f" {best_two(p, i == 0)}" for i, (inp, p) in enumerate(done.items()))
     return [Finding(text + ".", "recover", rules.mark(RULES), rank=2)]
 
 

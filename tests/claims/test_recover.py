@@ -145,18 +145,17 @@ def test_the_finding_says_when_no_fix_without_communication_does_better(monkeypa
     by_input["resnet18 32 px"] = {"fixes": other, "values": 2, "best": other["gn"],
                                   "best_free": other["gn"]}
     assert recover.finding(None)[0].text == (
-        "At 4 x 2 the fix depends on the input: on resnet20 (128 values per channel), SyncBN "
-        "over all 4 ranks gets back 80% of BN's loss (95% CI 70 to 90); nothing without "
-        "per-step communication beats BN; on torchvision resnet18 at 32 px (2 values per "
-        "channel), GroupNorm gets back 90% of BN's loss (95% CI 80 to 100).")
+        "At 4 x 2, on resnet20 (128 values per channel) SyncBN gets back 80% of BN's loss (95% "
+        "CI 70 to 90), none without communication does; on resnet18 at 32 px (2 values) "
+        "GroupNorm 90% (80 to 100).")
     other["syncbn"] = entry("syncbn", "recovers", 9.5)
     by_input["resnet18 32 px"]["best"] = other["syncbn"]
     assert recover.finding(None)[0].text.endswith(
-        "SyncBN over all 4 ranks gets back 95% of BN's loss (95% CI 85 to 105); without "
-        "per-step communication, GroupNorm gets back 90% (95% CI 80 to 100).")
+        "on resnet18 at 32 px (2 values) SyncBN 95% (85 to 105), without communication "
+        "GroupNorm 90% (80 to 100).")
     fixes["syncbn"] = entry("syncbn", "no better", 0.2)
     by_input["resnet20"]["best"] = fixes["syncbn"]
-    assert "on resnet20 (128 values per channel), no fix beats BN;" in \
+    assert "on resnet20 (128 values per channel) no fix beats BN;" in \
         recover.finding(None)[0].text
 
 
