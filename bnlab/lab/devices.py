@@ -52,7 +52,7 @@ def compare(here: RunsData, there: RunsData, judge: Judge,
     `names`: what to call here's and there's device."""
     mine = {c.cell.label: c for c in here.cells}
     a, b = names
-    cells, refs, agree, todo = [], [], 0, {}
+    cells, refs, agree, both, todo = [], [], 0, 0, {}
     for c in there.cells:
         m = judge(there, c)
         if m is None:
@@ -69,6 +69,7 @@ def compare(here: RunsData, there: RunsData, judge: Judge,
         if own is None:
             cells.append(f"{c.cell.label}: {said(m)} on {b} ({b} only)")
             continue
+        both += 1  # a cell both devices ran
         agree += h is not None and h["state"] == m["state"]
         cells.append(f"{c.cell.label}: {said(m)} on {b}; "
                      f"{said(h) + ' on ' + a if h else 'still to come on ' + a}")
@@ -77,8 +78,6 @@ def compare(here: RunsData, there: RunsData, judge: Judge,
     parts = [f"{runs} of {want} runs, in experiments/{there.root.name}/, on {device_of(there)}"]
     if cells:
         parts += cells
-        both = sum(c.cell.label in mine for c in there.cells if judge(there, c) is not None
-                   and judge(there, c)["state"] != "reference")
         if both:
             parts.append(f"the same state on both devices in {agree} of {both} cells")
     if refs:
