@@ -53,9 +53,33 @@ def spread(model: nn.Module) -> float:
     return max((e - every[0]).abs().max().item() for e in every)
 
 
-def rank(r: int, store_path: str) -> None:
+def say_and_fix(model: nn.Module, r: int, fix, named: str) -> None:
+    """What bnlab says (bnlab.diagnose, which gathers every rank's statistics), then `fix` on
+    every rank and how far apart the ranks are after it: the cases' last two lines."""
+    verdict = bnlab.diagnose(model, batches(r, 4), num_samples=32, train_batch=8).verdict()
+    if r == 0:
+        print(f"bnlab: {verdict}")
+    fix()
+    after = spread(model.module)
+    if r == 0:
+        print(f"fixed: after {named} they differ by up to {after:.2g}")
+    dist.destroy_process_group()
+
+
+def run(rank_fn) -> None:
+    """`rank_fn(r, store_path)` on WORLD gloo ranks, each after joining the process group."""
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_joined, args=(rank_fn, os.path.join(tmp, "store")), nprocs=WORLD)
+
+
+def _joined(r: int, rank_fn, store_path: str) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD), rank=r,
                             world_size=WORLD)
+    rank_fn(r)
+
+
+def rank(r: int) -> None:
     # the cause: buffers never broadcast (as the reports wrote it; newer torch names the
     # option forward_sync_buffers and warns about the old name)
     warnings.filterwarnings("ignore", "`broadcast_buffers` is deprecated")
@@ -69,18 +93,9 @@ def rank(r: int, store_path: str) -> None:
     if r == 0:
         print(f"symptom: after {STEPS} steps the ranks' BN running means differ by up to "
               f"{before:.2f}: each rank evaluates a different model")
-    verdict = bnlab.diagnose(model, batches(r, 4), num_samples=32, train_batch=8).verdict()
-    if r == 0:
-        print(f"bnlab: {verdict}")
-    bnlab.sync_bn_stats(model)                     # the fix, at an epoch end, on every rank
-    after = spread(model.module)
-    if r == 0:
-        print(f"fixed: after bnlab.sync_bn_stats(model) they differ by up to {after:.2g}")
-    dist.destroy_process_group()
+    # the fix, at an epoch end, on every rank
+    say_and_fix(model, r, lambda: bnlab.sync_bn_stats(model), "bnlab.sync_bn_stats(model)")
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory() as tmp:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        mp.spawn(rank, args=(os.path.join(tmp, "store"),), nprocs=WORLD)
+    run(rank)
