@@ -238,12 +238,16 @@ def _layer_group(m: nn.Module, world: int, sync_group: int, norm: str | None) ->
 
 
 def recommend(layers: list[Layer], world: int, batch: int, min_values: int,
-              min_images: int) -> list[str]:
+              min_images: int, grad_accum: int = 1) -> list[str]:
     """The fixes, with numbers: the smallest sync group reaching both thresholds (or 8 samples),
-    table-recover's best fix without communication, GN groups, the per-rank batch alone."""
+    table-recover's best fix without communication, GN groups, the per-rank batch alone; with
+    `grad_accum` micro-batches a step, first that accumulating does not enlarge BN's batch."""
     bns = [layer for layer in layers if layer.batch_dependent]
     if not bns:
         return []
+    if grad_accum > 1:
+        return [accumulation(batch, grad_accum)] + recommend(layers, world, batch, min_values,
+                                                             min_images)
     low = min(bns, key=lambda layer: layer.per_rank)
     spatial = low.per_rank // batch
     samples = [k for k in _divisors(world) if batch * k >= min_images]  # smallest first
@@ -285,9 +289,8 @@ def check(model: nn.Module, input_shape: tuple[int, ...], world: int, batch_per_
     layers = measure(model, tuple(input_shape), world, batch_per_rank, None, 0, min_values,
                      min_images)
     risky = [layer for layer in layers if layer.at_risk]
-    tips = recommend(layers, world, batch_per_rank, min_values, min_images) if risky else []
-    return risky, ([accumulation(batch_per_rank, grad_accum)] + tips
-                   if risky and grad_accum > 1 else tips)
+    return risky, recommend(layers, world, batch_per_rank, min_values, min_images,
+                            grad_accum) if risky else []
 
 
 def accumulation(batch: int, k: int) -> str:
@@ -323,9 +326,7 @@ def report(args: argparse.Namespace) -> int:
                      args.sync_group, args.min_values, args.min_images)
     risky = [layer for layer in layers if layer.at_risk]
     tips = recommend(layers, args.world, args.batch_per_rank, args.min_values,
-                     args.min_images) if risky else []
-    if risky and args.grad_accum > 1:
-        tips.insert(0, accumulation(args.batch_per_rank, args.grad_accum))
+                     args.min_images, args.grad_accum) if risky else []
     setting = {"model": args.model, "input": "x".join(map(str, shape)), "world": args.world,
                "batch_per_rank": args.batch_per_rank, "norm": args.norm or "as built",
                "sync_group": _group(args.world, args.sync_group, args.norm),
