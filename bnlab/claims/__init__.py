@@ -5,8 +5,9 @@
 `make table-sync` -> bnlab/claims/sync.py -> experiments/sync/ (table.md, sync.png,
 results.json). Each module exports one `Table` (bnlab.lab.table): what it trains and measures,
 how it renders, its plot, and the rules of its claims' verdicts, written beside it.
-ddpcheck.py is no table: it is the jitter table's measurement of real DDP against the
-simulation.
+Two modules are no table: ddpcheck.py is the jitter table's measurement of real DDP against the
+simulation; frompilot.py writes table-recover's and table-converge's specs from
+table-recoverpilot's choices.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bnlab.claims import recover
+from bnlab.claims import frompilot, recover
 from bnlab.errors import BnlabError
 from bnlab.lab import page, rules, table
 from bnlab.lab.figures import nothing_yet, plt, save
@@ -59,14 +59,14 @@ def spec_cells(picks: dict[str, dict]) -> list[dict]:
     if missing:
         raise BnlabError(f"the pilot has no cells for {', '.join(missing)}; add them to "
                          "experiments/recoverpilot/sweep.yaml (with its rule) first.")
-    cells = [c for c in recover.spec_cells(wanted) if c["input"] == INPUT]
+    cells = [c for c in frompilot.spec_cells(wanted) if c["input"] == INPUT]
     return [{**c, "label": c["label"].replace(f"{INPUT}: ", ""), "overrides":
              longer(c["overrides"]), "order": 0} for c in cells]
 
 
 def write_spec(path: Path = SPEC, data: str | None = None) -> int:
     """experiments/converge/sweep.yaml from the committed pilot's runs, as table-recover's."""
-    return recover.write_from_pilot(path, [
+    return frompilot.write_from_pilot(path, [
         "make table-converge: does table-recover's ranking hold when each run trains 4x",
         "longer? resnet20 at 4 ranks x 2, 40 epochs, the rate decayed to zero (cosine) after",
         "warmup, each fix at the rate (and setting) table-recoverpilot chose on held-out data",
@@ -74,7 +74,7 @@ def write_spec(path: Path = SPEC, data: str | None = None) -> int:
         "rules: rules.yaml beside this file, committed before any of its runs."],
         {"title": "Does the ranking hold 4x longer? Each fix at 40 epochs (cosine) on resnet20 at "
          "4 ranks x 2", "experiment": "headline", "seeds": SEEDS, "jobs": 2,
-         "cells": spec_cells(recover.pilot_picks(data))}, "converge")
+         "cells": spec_cells(frompilot.pilot_picks(data))}, "converge")
 
 
 # ----------------------------------------------------------------------------------------

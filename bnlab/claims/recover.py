@@ -4,7 +4,8 @@ chose on held-out data, against the input's 1 x 8 BN reference and bn at 4 x 2 i
 on the seed.
 
     python -m bnlab.claims recover-spec                # experiments/recover/sweep.yaml from
-                                                       # the pilot's choices (once all are made)
+                                                       # the pilot's choices (bnlab/claims/
+                                                       # frompilot.py), once all are made
     python -m bnlab.claims recover --data DIR --jobs 2 # its sweep (hours on 2 cores), the table
     python -m bnlab.claims recover --report            # the table from the runs' logs only
 
@@ -29,9 +30,8 @@ from pathlib import Path
 import yaml
 
 from bnlab.advice import said
-from bnlab.claims import recoverpilot
 from bnlab.errors import BnlabError
-from bnlab.lab import choose, judge, page, rules, table
+from bnlab.lab import judge, page, rules, table
 from bnlab.lab.figures import nothing_yet, plt, save
 from bnlab.lab.results import CellResult, fmt
 from bnlab.lab.table import Finding, RunsData, Verdict, bench_section
@@ -58,7 +58,6 @@ def bn_at_the_break(model: str) -> list[str]:
     return [model, "norm=bn", "dist.simulate=4", "batch_per_gpu=2", "epochs=10",
             "optim.lr=0.00625"]
 
-PILOT_ONLY = ("data.holdout=", "eval_every=", "record.predictions=")  # the pilot's, not ours
 # no per-step communication (PreciseBN all-reduces once per recalibration)
 COMMUNICATION_FREE = ("gn", "gnws", "ln", "evonorm", "brn", "precise", "frozen_bn")
 # the README's two-input finding, within its word budget, names SyncBN as the claims do
@@ -69,69 +68,6 @@ NAMES = {"syncbn": "SyncBN over all 4 ranks", "syncbn2": "SyncBN in groups of 2 
          "evonorm": "EvoNorm-S0",
          "precise": "BN with PreciseBN every epoch", "brn": "Batch Renormalization",
          "frozen_bn": "frozen BN"}
-
-
-# ----------------------------------------------------------------------------------------
-# The spec, from the pilot's choices
-
-
-def spec_cells(picks: dict[str, dict]) -> list[dict]:
-    """The final cells: the 1 x 8 reference, bn at 4 x 2, and each fix at its chosen cell's
-    overrides less the pilot's held-out split; a BnlabError while any choice is not made."""
-    open_ = [f"{fix} ({p['state']})" for fix, p in picks.items() if p["state"] != "chosen"]
-    if open_:
-        raise BnlabError(f"the pilot has not chosen every fix yet: {', '.join(open_)}; run "
-                         "`make table-recoverpilot` until each is chosen (or add the rate its "
-                         "edge rule asks for).")
-    cells = []
-    for order, (name, model) in enumerate(INPUTS.items()):  # the first input's runs first
-        cells += [{"label": f"{name}: bn 1x8 (reference)", "input": name, "fix": "reference",
-                   "order": order, "overrides": reference(model)},
-                  {"label": f"{name}: bn 4x2", "input": name, "fix": "bn", "order": order,
-                   "overrides": bn_at_the_break(model)}]
-        for fix, p in picks.items():
-            c = p["cell"]
-            over = [model if o == INPUTS[FIRST] else o for o in c.cell.overrides
-                    if not o.startswith(PILOT_ONLY)]
-            cells.append({"label": f"{name}: {fix} lr {c.cell.meta['lr']:g}", "input": name,
-                          "fix": fix, "lr": c.cell.meta["lr"], "pilot": c.cell.label,
-                          "order": order, "overrides": over})
-    return cells
-
-
-def pilot_picks(data: str | None = None) -> dict[str, dict]:
-    """table-recoverpilot's choices from its committed runs."""
-    d = table.runs_data(table.Context(recoverpilot.TABLE, data=data))
-    return choose.choices(d.cells, choose.Rules.read(recoverpilot.RULES))
-
-
-def write_from_pilot(path: Path, header: list[str], spec: dict, rules_name: str) -> int:
-    """A spec written from the pilot's choices: `header` (comment lines) and `spec`; refuses to
-    overwrite one that differs (a change after runs is a rule change, made by hand and
-    disclosed in experiments/<rules_name>/rules.yaml)."""
-    text = "\n".join([*(f"# {line}" for line in header),
-                      yaml.safe_dump(spec, sort_keys=False, width=100)])
-    if path.is_file() and path.read_text() != text:
-        raise BnlabError(f"{path} exists and differs from what the pilot's choices give; a "
-                         "change of the spec after its runs is a rule change: make it by hand "
-                         f"and disclose it in experiments/{rules_name}/rules.yaml.")
-    path.write_text(text)
-    print(f"wrote {path}")
-    return 0
-
-
-def write_spec(path: Path = SPEC, data: str | None = None) -> int:
-    """experiments/recover/sweep.yaml from the committed pilot's runs (write_from_pilot)."""
-    return write_from_pilot(path, [
-        "make table-recover: every fix at 4 ranks x 2 on resnet20 and resnet18 at 32 px, at the",
-        "rate (and setting) resnet20's pilot chose on held-out data (experiments/recoverpilot;",
-        "written from its choices by `python -m bnlab.claims recover-spec`), against each",
-        "input's 1 x 8 reference and bn 4 x 2 (table-values' runs, the same overrides), on",
-        "table-values' 10-epoch protocol, 5 seeds. Run order: resnet20's cells first (its",
-        "ranking writes the doctor's advice and the README's finding), then resnet18's."],
-        {"title": "What to use instead of BN at 4 ranks x 2: every fix at its own held-out rate",
-         "experiment": "headline", "seeds": SEEDS, "jobs": 2,
-         "cells": spec_cells(pilot_picks(data))}, "recover")
 
 
 # ----------------------------------------------------------------------------------------
@@ -151,6 +87,12 @@ def load(ctx: table.Context) -> Recover:
         return Recover(None, "its spec is written from the pilot's choices once every fix is "
                        "chosen (`python -m bnlab.claims recover-spec`); see table-recoverpilot")
     return Recover(table.runs_data(ctx))
+
+
+def name(c: CellResult) -> str:
+    """The cell's fix as a reader names it (a superseded cell's name says its setting)."""
+    fix = c.cell.meta["fix"]
+    return c.cell.meta.get("name") or NAMES.get(fix, fix)
 
 
 def where(c: CellResult) -> str:
@@ -270,6 +212,7 @@ def render(data: Recover) -> str:
                        "gain over bn (pts, 95% CI)", "share of bn's loss recovered (95% CI)",
                        "state", *(f"step time over bn's ({m})" for m in times)], rows), "",
         "Fixes: " + "; ".join(f"{f}: {name}" for f, name in NAMES.items()) + ". "
+        + superseded(d) +
         f"Each fix runs at the rate (and setting) {FIRST}'s pilot chose on held-out data "
         "(table-recoverpilot), on both inputs: the 32 px input's own pilot was dropped to fit "
         "the compute budget, so its rates may not be its best. "
@@ -287,6 +230,17 @@ def render(data: Recover) -> str:
         + ("" if times else "No measurement that names its fix yet (rows measured before "
            "they did are not read): run `make bench ONLY=fixes`."), "",
         *rules.history(RULES)]))
+
+
+def superseded(d: RunsData) -> str:
+    """A sentence on the cells kept as measured at a setting the pilot no longer chooses
+    (bnlab/claims/frompilot.py), if any: they are shown, never advised."""
+    old = [c for c in d.cells if c.cell.meta.get("superseded")]
+    if not old:
+        return ""
+    return (f"Superseded cells ({', '.join(c.cell.label for c in old)}) ran at the pilot's first "
+            f"choice; {old[0].cell.meta['superseded']}, so these stay as measured, and the "
+            "fix's new cells are what the finding and the doctor read. ")
 
 
 def states_in_words(by: rules.Rules = RULES) -> str:
@@ -349,8 +303,7 @@ def plot(data: Recover, path: Path) -> None:
         ax.axvline(0, color="C3", lw=1, label="bn at 4 x 2")
         ax.axvline(100, color="grey", ls="--", lw=1, label="the 1 x 8 reference")
         ax.set_yticks([-i for i in range(len(ms))],
-                      [f"{where(c)}: {NAMES.get(c.cell.meta['fix'], c.cell.meta['fix'])}"
-                       for c, _ in ms])
+                      [f"{where(c)}: {name(c)}" for c, _ in ms])
         ax.legend(fontsize=8, loc="lower right")
     else:
         nothing_yet(ax, data.waiting or "no fix has all its seeds and its references yet")
@@ -369,7 +322,8 @@ def on_input(data: Recover, inp: str = FIRST) -> dict[str, dict] | None:
     """Each fix measured on one input, by fix; None until all are."""
     d = data.runs
     fixes = [] if d is None else [c for c in d.cells if where(c) == inp
-                                  and c.cell.meta.get("fix") not in ("reference", "bn")]
+                                  and c.cell.meta.get("fix") not in ("reference", "bn")
+                                  and not c.cell.meta.get("superseded")]
     ms = {c.cell.meta["fix"]: measure(d, c) for c in fixes}
     return None if not ms or any(m is None for m in ms.values()) else ms
 

@@ -8,10 +8,8 @@ import json
 
 import numpy as np
 import pytest
-import yaml
 
 from bnlab.claims import recover
-from bnlab.errors import BnlabError
 from bnlab.lab.plan import Cell, Spec
 from bnlab.lab.results import CellResult
 from bnlab.lab.table import RunsData
@@ -86,28 +84,6 @@ def test_without_its_spec_the_page_says_what_it_waits_for():
     assert recover.finding(recover.Recover(None, "x")) == []
 
 
-def test_the_spec_takes_each_chosen_cell_less_the_pilot_s_held_out_split():
-    pilot = Cell("gn lr 0.00625", ["norm=gn", "norm.cap_groups=true", "optim.lr=0.00625",
-                                   "model=resnet20", "data.holdout=1000", "eval_every=4",
-                                   "record.predictions=false"], [0, 1], cfg={},
-                 meta={"fix": "gn", "lr": 0.00625})
-    cells = recover.spec_cells({"gn": {"state": "chosen", "cell": CellResult(pilot, [], 2)}})
-    assert [(c["input"], c["fix"], c["order"]) for c in cells] == [
-        ("resnet20", "reference", 0), ("resnet20", "bn", 0), ("resnet20", "gn", 0),
-        ("resnet18 32 px", "reference", 1), ("resnet18 32 px", "bn", 1),
-        ("resnet18 32 px", "gn", 1)]  # resnet20's runs first
-    assert cells[2]["overrides"] == ["norm=gn", "norm.cap_groups=true", "optim.lr=0.00625",
-                                     "model=resnet20"]
-    assert cells[5]["overrides"] == ["norm=gn", "norm.cap_groups=true", "optim.lr=0.00625",
-                                     "model=resnet18"]  # resnet20's choice on the other input
-    values = yaml.safe_load((EXPERIMENTS / "values" / "sweep.yaml").read_text())["cells"]
-    for c in (cells[0], cells[1], cells[3], cells[4]):  # table-values' runs, reused
-        assert any(v["overrides"] == c["overrides"] for v in values), c["label"]
-    with pytest.raises(BnlabError, match="has not chosen every fix yet: brn \\(undecided\\)"):
-        recover.spec_cells({"gn": {"state": "chosen", "cell": CellResult(pilot, [], 2)},
-                            "brn": {"state": "undecided", "cell": None}})
-
-
 def test_step_times_come_from_the_bench_rows_that_name_their_fix(tmp_path, monkeypatch):
     row = {"section": "fixes", "what": "gn, resnet20", "value": 0.03, "ref": 0.06, "run": 0}
     (tmp_path / "box.json").write_text(json.dumps({
@@ -165,3 +141,16 @@ def test_the_readme_carries_the_finding_once_advice_json_is_written():
     readme = (ROOT / "README.md").read_text().split("<!-- headline:end -->")[0]
     there = (MEASURED / "advice.json").is_file()  # package data: what the doctor quotes
     assert ("([table-recover](experiments/recover/table.md))" in readme) == there
+
+
+def test_a_superseded_cell_is_on_the_page_but_not_in_the_advice(tmp_path):
+    d = data(tmp_path, {**LEVELS, "gn32": 52.0})
+    old = next(c for c in d.cells if c.cell.meta["fix"] == "gn32")
+    old.cell.meta.update(name="GroupNorm, 32 groups",
+                         superseded="the pilot chose 8 groups (its rules version 2)")
+    text = recover.render(recover.Recover(d))
+    assert "| gn32 cell |" in text and "Superseded cells (gn32 cell) ran at the pilot's first " \
+        "choice; the pilot chose 8 groups (its rules version 2)" in text
+    p = recover.picks(recover.Recover(d))
+    assert set(p["fixes"]) == {"syncbn", "gn", "ln"} and p["best_free"]["fix"] == "gn"
+    assert recover.name(old) == "GroupNorm, 32 groups"
