@@ -69,6 +69,13 @@ class RankBatchNorm(_BatchNorm):
         if process_group is not None and (sync != "exact" or sync_group):
             raise BnlabError("process_group is for syncbn alone, in place of sync_group; give "
                              "one of them.")
+        if process_group is not None and tdist.is_initialized() and \
+                tdist.get_rank(process_group) < 0:  # torch reads its size as -1: no sync at all
+            raise BnlabError(
+                f"the process_group given does not hold this rank ({tdist.get_rank()}): every "
+                "rank must create every group, in the same order (torch.distributed.new_group "
+                "is collective), and pass the one that holds it; or give sync_group=k and "
+                "bnlab builds them.")
         self.sync, self.sync_group, self.impl = sync, sync_group, impl
         self.process_group = process_group  # the ranks that share statistics (any ranks)
         self.sim_world = 1

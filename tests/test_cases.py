@@ -22,6 +22,12 @@ CASES = {
                           r"(0|[0-9.]+e-0[6-9])$"),
     "precise_bn_per_rank.py": (r"the ranks' running statistics disagree by up to [0-9.]+",
                                r"bnlab\.precise_bn\(model, batches\) they differ by up to 0$"),
+    "subgroups.py": (r"the process_group given does not hold this rank \(2\): every rank must "
+                     r"create every group", r"BatchNorm's on its group's 4 images within "
+                     r"(0|[0-9.]+e-0[6-9])$"),
+    "eval_collectives.py": (r"issues 1 collective\(s\), _broadcast_coalesced x1 \(DDP's "
+                            r"buffer sync\): ranks that evaluate different numbers of batches "
+                            r"hang", r"issues 0 and 0 collectives"),
 }
 
 
