@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -43,3 +44,23 @@ def imported(spec: str, flag: str):
     if found is None:
         raise BnlabError(f"--{flag} {spec!r}: {where} has no {name!r}.")
     return found
+
+
+def add_json(p) -> None:
+    """`--json` as every bnlab command takes it: alone, JSON instead of the table on stdout;
+    with a path, the table on stdout and the JSON written there."""
+    p.add_argument("--json", nargs="?", const="-", metavar="PATH",
+                   help="print JSON instead of the table; with PATH, print the table and write "
+                   "the JSON there")
+
+
+def emit(json_to: str | None, text: str, payload: dict) -> None:
+    """The command's report as add_json's --json asks (None: the table alone)."""
+    data = json.dumps(payload, indent=1)
+    if json_to == "-":
+        print(data)
+        return
+    print(text)
+    if json_to:
+        Path(json_to).write_text(data + "\n")
+        print(f"\nwrote {json_to}")

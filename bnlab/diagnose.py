@@ -6,7 +6,7 @@ which layers.
 
     python -m bnlab diagnose --model mypkg.models:make_net --checkpoint ckpt.pt \\
         --loader mypkg.data:train_loader [--val-loader mypkg.data:val_loader] \\
-        [--batch-per-rank 2] [--json out.json]      # the command: bnlab/evaluation.py
+        [--batch-per-rank 2] [--json [PATH]]      # the command: bnlab/evaluation.py
     python -m bnlab diagnose --model outputs/train/<run>   # a bnlab run, on its own data
 
 On copies of the model (the caller's parameters, buffers, train/eval flags and RNG state stay

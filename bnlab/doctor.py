@@ -2,7 +2,7 @@
 per-rank batch, and what fixes them, with numbers. No training, no data, no GPU.
 
     python -m bnlab doctor --model torchvision:resnet50 --input 3x224x224 --world 8 \\
-        --batch-per-rank 2 [--norm syncbn --sync-group 4] [--min-values 16] [--json]
+        --batch-per-rank 2 [--norm syncbn --sync-group 4] [--min-values 16] [--json [PATH]]
 
 `--model` is `torchvision:<name>`, `bnlab:<name>` (bnlab's models), `<module>:<factory>` (a
 function that returns the model, imported from the current directory or the installed
@@ -22,7 +22,6 @@ bad input.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import asdict, dataclass
@@ -35,7 +34,7 @@ from torch.nn.modules.instancenorm import _InstanceNorm
 
 from bnlab.advice import measured, without_communication
 from bnlab.batchnorm import restore_modes, save_modes
-from bnlab.cli import imported
+from bnlab.cli import add_json, emit, imported
 from bnlab.errors import BnlabError
 from bnlab.norms import EvoNormS0
 from bnlab.syncbn import group_ranks
@@ -331,12 +330,9 @@ def report(args: argparse.Namespace) -> int:
                "batch_per_rank": args.batch_per_rank, "norm": args.norm or "as built",
                "sync_group": _group(args.world, args.sync_group, args.norm),
                "min_values": args.min_values, "min_images": args.min_images}
-    if args.json:
-        print(json.dumps({**setting, "layers": [asdict(layer) for layer in layers],
-                          "at_risk": len(risky), "recommendations": tips,
-                          "thresholds_evidence": EVIDENCE}, indent=1))
-    else:
-        print(render(setting, layers, risky, tips))
+    emit(args.json, render(setting, layers, risky, tips),
+         {**setting, "layers": [asdict(layer) for layer in layers], "at_risk": len(risky),
+          "recommendations": tips, "thresholds_evidence": EVIDENCE})
     return 1 if risky else 0
 
 
@@ -414,5 +410,5 @@ def add_parser(sub) -> None:
     p.add_argument("--skip", action="append", default=[], metavar="NAME",
                    help="with --norm: a layer to leave as it is (repeatable; the names of "
                         "model.named_modules(), as a refusal names them)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_json(p)
     p.set_defaults(run=report)

@@ -1,4 +1,4 @@
-"""Evaluate a saved run's BN statistics (claims C7, C8, C10), or diagnose settings offline;
+"""Evaluate a saved run's BN statistics (claims C7, C8, C10), or run the doctor offline;
 and `python -m bnlab diagnose`, bnlab.diagnose's command, for any model or a bnlab run.
 
 For a checkpoint: eval-mode accuracy at several batch sizes (must not change) and train-mode
@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from bnlab import checkpoint, dist, doctor
 from bnlab.batchnorm import set_epoch
-from bnlab.cli import imported
+from bnlab.cli import add_json, emit, imported
 from bnlab.data import Dataset, Split, TrainLoader, build_dataset
 from bnlab.diagnose import THRESHOLD, Diagnosis, accuracy
 from bnlab.diagnose import diagnose as diagnose_model
@@ -135,14 +135,14 @@ def evaluate_run(cfg: DictConfig) -> dict:
     return out
 
 
-def diagnose(cfg: DictConfig) -> int:
+def run_doctor(cfg: DictConfig) -> int:
     """The BN doctor (`python -m bnlab doctor`) on one of bnlab's models; its exit status."""
-    d = cfg.diagnose
+    d = cfg.doctor
     if d.norm not in doctor.KINDS:
-        raise BnlabError(f"diagnose.norm={d.norm!r} is not bn or syncbn.")
+        raise BnlabError(f"doctor.norm={d.norm!r} is not bn or syncbn.")
     for key in ("world", "batch_per_gpu", "min_values", "min_images"):
         if not isinstance(d[key], int) or d[key] < 1:
-            raise BnlabError(f"diagnose.{key} must be a positive integer, got {d[key]!r}.")
+            raise BnlabError(f"doctor.{key} must be a positive integer, got {d[key]!r}.")
     # the doctor's own parser, so every option it gains has its default here too
     sub = argparse.ArgumentParser().add_subparsers()
     doctor.add_parser(sub)
@@ -155,11 +155,11 @@ def diagnose(cfg: DictConfig) -> int:
 
 def main(cfg: DictConfig) -> None:
     try:
-        if cfg.diagnose.enabled:
-            raise SystemExit(diagnose(cfg))
+        if cfg.doctor.enabled:
+            raise SystemExit(run_doctor(cfg))
         elif cfg.run is None:
             raise BnlabError("run is not set; pass run=<run dir or checkpoint.pt>, or "
-                             "diagnose.enabled=true.")
+                             "doctor.enabled=true.")
         else:
             evaluate_run(cfg)
     except BnlabError as e:
@@ -223,10 +223,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
     report = diagnose_model(model, batches, evaluate=evaluate, num_samples=args.num_samples,
                             train_batch=args.batch_per_rank or batch, threshold=args.threshold,
                             rank_stats=ranks, per_rank=args.per_rank)
-    print(report.table())
-    if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
-        print(f"\nwrote {args.json}")
+    emit(args.json, report.table(), report.to_json())
     return 1 if report.cost > args.threshold else 0
 
 
@@ -256,5 +253,5 @@ def add_diagnose_parser(sub) -> None:
                    "each rank's running statistics and with their average (a bnlab run's "
                    "checkpoint keeps them; for your own DDP model use bnlab.diagnose(..., "
                    "per_rank=True) under torchrun)")
-    p.add_argument("--json", help="write the report as JSON here")
+    add_json(p)
     p.set_defaults(run=diagnose_command)

@@ -130,15 +130,15 @@ def test_values_per_channel_and_risk():
 
 
 @pytest.mark.slow  # CI time (25 s); make test-slow runs it
-def test_diagnose_mode_lists_layers_at_risk_without_a_checkpoint(tmp_path):
-    args = ["diagnose.enabled=true", "diagnose.model=resnet18", "diagnose.world=4",
-            "diagnose.batch_per_gpu=2"]
+def test_the_doctor_mode_lists_layers_at_risk_without_a_checkpoint(tmp_path):
+    args = ["doctor.enabled=true", "doctor.model=resnet18", "doctor.world=4",
+            "doctor.batch_per_gpu=2"]
     r = run_here("evaluate.py", *args, cwd=tmp_path)
     assert r.returncode == 1, r.stderr  # the doctor's status: layers at risk
     assert "| layer4.1.bn2 | RankBatchNorm | 512 | 2 | 2 | 2 | yes |" in r.stdout
     assert ("syncbn with --sync-group 4 gives 8 samples per group, but layer4.0.bn1 still gets "
             "8 values per channel (threshold 16): no sync group reaches both") in r.stdout
-    r = run_here("evaluate.py", *args, "diagnose.norm=syncbn", cwd=tmp_path)
+    r = run_here("evaluate.py", *args, "doctor.norm=syncbn", cwd=tmp_path)
     assert r.returncode == 1, r.stderr  # layer4 still at risk: 8 values per channel
     assert "| layer4.1.bn2 | RankBatchNorm | 512 | 2 | 8 | 8 | yes |" in r.stdout
 

@@ -306,3 +306,13 @@ def test_gradient_accumulation_is_named_and_counted_by_the_micro_batch(capsys):
     _, plain = _json(capsys, "--model", "bnlab:resnet20", "--world", "1", "--batch-per-rank",
                      "2")
     assert r["recommendations"][1:] == plain["recommendations"]
+
+
+def test_json_has_one_meaning_in_every_command(capsys, tmp_path):
+    """--json alone prints JSON instead of the table; --json PATH prints the table and writes
+    the JSON there (as bnlab diagnose takes it)."""
+    out = tmp_path / "doctor.json"
+    code, text, _ = _doctor(capsys, "--model", "bnlab:resnet20", "--world", "4",
+                            "--batch-per-rank", "2", "--json", str(out))
+    assert code == 1 and f"wrote {out}" in text and not text.lstrip().startswith("{")
+    assert json.loads(out.read_text())["at_risk"] > 0

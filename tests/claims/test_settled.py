@@ -903,7 +903,7 @@ def test_the_doctor_and_the_trainers_warning_are_one_rule():
 
     train = yaml.safe_load((CONFIGS / "train.yaml").read_text())
     assert train["diagnostics"]["min_values"] == doctor.MIN_VALUES
-    ev = yaml.safe_load((CONFIGS / "evaluate.yaml").read_text())["diagnose"]
+    ev = yaml.safe_load((CONFIGS / "evaluate.yaml").read_text())["doctor"]
     assert (ev["min_values"], ev["min_images"]) == (doctor.MIN_VALUES, doctor.MIN_IMAGES)
     assert doctor.at_risk(doctor.MIN_IMAGES, doctor.MIN_VALUES) is False
     assert doctor.at_risk(doctor.MIN_IMAGES - 1, 10**6) and doctor.at_risk(10**6, 1)
