@@ -1,7 +1,7 @@
 """Is BN the problem in my run? How much a model's BN statistics cost on its own data, and
 which layers.
 
-    report = bnlab.diagnose(model, batches, train_batch=2)   # any model with BN layers
+    report = bnlab.diagnose(model, batches, batch_per_rank=2)   # any model with BN layers
     print(report.table())
 
     python -m bnlab diagnose --model mypkg.models:make_net --checkpoint ckpt.pt \\
@@ -13,11 +13,11 @@ On copies of the model (the caller's parameters, buffers, train/eval flags and R
 as they were), it measures the metric (`evaluate(model) -> float`; default top-1 accuracy in %
 over `batches`) three ways: with the model's running statistics; after PreciseBN over
 `num_samples` samples of `batches` (both estimators, bnlab.precise_bn); and with each BN layer
-normalizing by the statistics of `train_batch` consecutive samples, the per-rank batch the
+normalizing by the statistics of `batch_per_rank` consecutive samples, the per-rank batch the
 run trained with. The statistics' cost is one number: PreciseBN's metric (train estimator)
 minus the running statistics'. Per BN layer: how far the running mean and variance sit from
 the population statistics PreciseBN measured (scale-free, worst first), and, with
-`train_batch`, whether the doctor's rule puts it at risk. Under torchrun (an initialized
+`batch_per_rank`, whether the doctor's rule puts it at risk. Under torchrun (an initialized
 process group) PreciseBN's sums are reduced across ranks, the default metric counts every
 rank's batches, and the ranks' running statistics are compared with rank 0's (what a DDP
 checkpoint holds). One verdict line names the fix.
@@ -54,7 +54,7 @@ class LayerGap:
     name: str
     mean_shift: float   # max over channels of |running mean - population mean| / population sd
     log_var: float      # max over channels of |log(running var / population var)|
-    at_risk: bool | None = None  # the doctor's rule at train_batch (None: not asked)
+    at_risk: bool | None = None  # the doctor's rule at batch_per_rank (None: not asked)
 
     @property
     def worst(self) -> float:
@@ -65,8 +65,8 @@ class LayerGap:
 class Diagnosis:
     running: float                     # the metric with the model's running statistics
     precise: dict[str, float]          # after PreciseBN, by estimator
-    train_mode: float | None           # with each layer on train_batch samples' statistics
-    train_batch: int | None
+    train_mode: float | None           # with each layer on batch_per_rank samples' statistics
+    batch_per_rank: int | None
     samples: int                       # what PreciseBN read (this rank)
     layers: list[LayerGap]             # worst first
     ranks: dict[str, float] = field(default_factory=dict)  # layer -> max divergence from rank 0
@@ -75,7 +75,7 @@ class Diagnosis:
     metric: str = "top-1 accuracy (%)"
     by_rank: list[float] = field(default_factory=list)  # per_rank: with each rank's statistics
     rank_average: float | None = None  # per_rank: with the ranks' statistics averaged
-    values: int | None = None  # fewest values per channel per rank at train_batch (the advice's)
+    values: int | None = None  # fewest values per channel per rank at batch_per_rank (the advice's)
 
     @property
     def cost(self) -> float:
@@ -95,7 +95,7 @@ class Diagnosis:
                          f"bnlab.precise_bn(model, train_batches)")
         if self.at_risk:
             parts.append(f"{len(self.at_risk)} of {len(self.layers)} BN layers are at risk at "
-                         f"{self.train_batch} samples per rank (the doctor's rule): share "
+                         f"{self.batch_per_rank} samples per rank (the doctor's rule): share "
                          f"statistics across ranks, bnlab.convert(model, 'syncbn', "
                          f"sync_group=k) with k ranks reaching 8 samples (python -m bnlab "
                          f"doctor names k); or, "
@@ -108,8 +108,8 @@ class Diagnosis:
         if not parts:
             return (f"BN's statistics are not the problem here: PreciseBN changes {self.metric}"
                     f" by {self.cost:+.2f} points (threshold {self.threshold:g})"
-                    + ("" if self.train_batch is None else
-                       f" and no layer is at risk at {self.train_batch} samples per rank")
+                    + ("" if self.batch_per_rank is None else
+                       f" and no layer is at risk at {self.batch_per_rank} samples per rank")
                     + ("" if self.world == 1 else
                        f"; the ranks' running statistics agree within {spread:.2f}") + ".")
         return "BN's statistics are a problem: " + "; ".join(parts) + "."
@@ -119,7 +119,7 @@ class Diagnosis:
         rows += [f"| after PreciseBN ({est} estimator, {self.samples} samples) | {v:.2f} |"
                  for est, v in self.precise.items()]
         if self.train_mode is not None:
-            rows.append(f"| with each layer on {self.train_batch} samples' statistics (train "
+            rows.append(f"| with each layer on {self.batch_per_rank} samples' statistics (train "
                         f"mode) | {self.train_mode:.2f} |")
         rows += [f"| with rank {r}'s running statistics | {v:.2f} |"
                  for r, v in enumerate(self.by_rank)]
@@ -230,12 +230,12 @@ def rank_average(ranks: list[dict]) -> dict:
             for n in ranks[0]}
 
 
-def risk(model: nn.Module, batch, input_fn: Callable, train_batch: int
+def risk(model: nn.Module, batch, input_fn: Callable, batch_per_rank: int
          ) -> tuple[dict, int | None]:
-    """The doctor's rule per layer at `train_batch` samples per rank (bnlab.doctor), for
+    """The doctor's rule per layer at `batch_per_rank` samples per rank (bnlab.doctor), for
     samples shaped as `batch`'s, and the fewest values per channel per rank it finds."""
     shape = tuple(input_fn(batch).shape[1:])
-    layers = doctor.measure(copy.deepcopy(model), shape, 1, train_batch, None, 0,
+    layers = doctor.measure(copy.deepcopy(model), shape, 1, batch_per_rank, None, 0,
                             doctor.MIN_VALUES, doctor.MIN_IMAGES)
     fewest = min((layer.per_rank for layer in layers if layer.batch_dependent), default=None)
     return {layer.name: layer.at_risk for layer in layers}, fewest
@@ -257,7 +257,7 @@ def _second(batch):
 
 
 def diagnose(model: nn.Module, batches: Iterable, *, evaluate: Callable | None = None,
-             num_samples: int = 4096, train_batch: int | None = None,
+             num_samples: int = 4096, batch_per_rank: int | None = None,
              input_fn: Callable = _first, target_fn: Callable = _second,
              threshold: float = THRESHOLD, rank_stats: list[dict] | None = None,
              per_rank: bool = False) -> Diagnosis:
@@ -266,7 +266,7 @@ def diagnose(model: nn.Module, batches: Iterable, *, evaluate: Callable | None =
     `batches`: this rank's batches of (input, target) (or anything `input_fn` and `target_fn`
     read); a one-shot iterator is read once into a list. `evaluate(model) -> float`: the
     metric, higher is better (default: top-1 accuracy in % over `batches`); it is called on
-    copies in eval mode. `train_batch`: the per-rank batch the run trained with (adds the
+    copies in eval mode. `batch_per_rank`: the per-rank batch the run trained with (adds the
     train-mode row and the doctor's rule). `rank_stats`: every rank's running statistics
     (per rank, layer -> (mean, var)) where a checkpoint kept them; under torchrun they are
     gathered. `per_rank`: also the metric with each rank's running statistics and with their
@@ -276,8 +276,8 @@ def diagnose(model: nn.Module, batches: Iterable, *, evaluate: Callable | None =
     bn_of(bare)
     if num_samples < 1:
         raise BnlabError(f"num_samples={num_samples} reads nothing; give a positive count.")
-    if train_batch is not None and train_batch < 2:
-        raise BnlabError(f"train_batch={train_batch}: BN needs at least 2 samples to "
+    if batch_per_rank is not None and batch_per_rank < 2:
+        raise BnlabError(f"batch_per_rank={batch_per_rank}: BN needs at least 2 samples to "
                          "normalize; give the per-rank batch the run trained with.")
     data = list(batches) if iter(batches) is batches else batches
     if not any(True for _ in data):
@@ -294,11 +294,11 @@ def diagnose(model: nn.Module, batches: Iterable, *, evaluate: Callable | None =
             if est == "train":
                 population = stats
                 samples = _count(data, num_samples, input_fn)
-        train_mode = None if train_batch is None else \
-            _measure(on_batch_statistics(bare, train_batch), evaluate)
+        train_mode = None if batch_per_rank is None else \
+            _measure(on_batch_statistics(bare, batch_per_rank), evaluate)
         layers, values = gaps(bare, population), None
-        if train_batch is not None:
-            flagged, values = risk(bare, next(iter(data)), input_fn, train_batch)
+        if batch_per_rank is not None:
+            flagged, values = risk(bare, next(iter(data)), input_fn, batch_per_rank)
             for g in layers:
                 g.at_risk = flagged.get(g.name)
         ranks = ranks_of(bare, rank_stats)
@@ -310,7 +310,7 @@ def diagnose(model: nn.Module, batches: Iterable, *, evaluate: Callable | None =
             if per_rank else []
         average = _measure(with_statistics(bare, rank_average(ranks)), evaluate) \
             if per_rank else None
-    return Diagnosis(running, precise, train_mode, train_batch, samples, layers,
+    return Diagnosis(running, precise, train_mode, batch_per_rank, samples, layers,
                      rank_spread(ranks), max(1, len(ranks)), threshold, by_rank=by_rank,
                      rank_average=average, values=values)
 

@@ -221,7 +221,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
             evaluate = accuracy(list(_factory(args.val_loader, "val-loader")()),
                                 lambda b: b[0], lambda b: b[1])
     report = diagnose_model(model, batches, evaluate=evaluate, num_samples=args.num_samples,
-                            train_batch=args.batch_per_rank or batch, threshold=args.threshold,
+                            batch_per_rank=args.batch_per_rank or batch, threshold=args.threshold,
                             rank_stats=ranks, per_rank=args.per_rank)
     emit(args.json, report.table(), report.to_json())
     return 1 if report.cost > args.threshold else 0

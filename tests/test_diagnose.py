@@ -45,7 +45,7 @@ def test_the_callers_model_rng_and_modes_are_left_as_they_were():
     before = copy.deepcopy(model.state_dict())
     modes = [m.training for m in model.modules()]
     rng = torch.get_rng_state()
-    report = bnlab.diagnose(model, data, train_batch=2, num_samples=64)
+    report = bnlab.diagnose(model, data, batch_per_rank=2, num_samples=64)
     assert torch.equal(torch.get_rng_state(), rng)
     assert [m.training for m in model.modules()] == modes
     for k, v in model.state_dict().items():
@@ -73,13 +73,13 @@ def test_a_planted_fault_is_named_first_and_costs_accuracy():
 def test_the_train_mode_row_normalizes_each_run_of_the_training_batch_on_its_own():
     model, data = settled(small_net(), batches()), batches()
     seen = []
-    report = bnlab.diagnose(model, data, num_samples=32, train_batch=4,
+    report = bnlab.diagnose(model, data, num_samples=32, batch_per_rank=4,
                             evaluate=lambda m: seen.append(m) or 0.0)
     x = data[0][0]
     m = seen[-1]  # the copy the train-mode row measured
     want = torch.cat([small_net_bn_on(model, x[i:i + 4]) for i in range(0, 16, 4)])
     torch.testing.assert_close(m[:2](x), want)
-    assert report.train_mode == 0.0 and report.train_batch == 4
+    assert report.train_mode == 0.0 and report.batch_per_rank == 4
 
 
 def small_net_bn_on(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -125,7 +125,7 @@ def test_a_layer_training_keeps_in_eval_mode_keeps_its_running_statistics_in_tra
     frozen.load_state_dict(model[1].state_dict())
     model[1] = frozen.eval()
     seen = []
-    bnlab.diagnose(model, data, num_samples=32, train_batch=4,
+    bnlab.diagnose(model, data, num_samples=32, batch_per_rank=4,
                    evaluate=lambda m: seen.append(m) or 0.0)
     x = data[0][0]
     m = seen[-1]  # the copy the train-mode row measured
@@ -145,7 +145,7 @@ def test_bad_input_is_one_sentence():
     with pytest.raises(BnlabError, match="no target"):
         bnlab.diagnose(small_net(), [torch.zeros(4, 3, 8, 8)], num_samples=4)
     with pytest.raises(BnlabError, match="at least 2 samples"):
-        bnlab.diagnose(small_net(), batches(), train_batch=1)
+        bnlab.diagnose(small_net(), batches(), batch_per_rank=1)
 
 
 def test_the_command_prints_the_table_writes_json_and_exits_by_the_threshold(

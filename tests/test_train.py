@@ -107,7 +107,7 @@ def test_evaluate_reproduces_the_last_validation(single_run, tmp_path):
     assert d["running"] == pytest.approx(out["eval mode, batch 256"], abs=1e-9)
     for est in ("train", "eval"):
         assert d["precise"][est] == pytest.approx(out[f"PreciseBN ({est} estimator)"], abs=1e-9)
-    assert d["train_batch"] == 8  # the run's batch_per_gpu
+    assert d["batch_per_rank"] == 8  # the run's batch_per_gpu
     assert d["train_mode"] == pytest.approx(out["train mode, batch 8"], abs=1e-9)
 
 

@@ -56,7 +56,7 @@ def spread(model: nn.Module) -> float:
 def say_and_fix(model: nn.Module, r: int, fix, named: str) -> None:
     """What bnlab says (bnlab.diagnose, which gathers every rank's statistics), then `fix` on
     every rank and how far apart the ranks are after it: the cases' last two lines."""
-    verdict = bnlab.diagnose(model, batches(r, 4), num_samples=32, train_batch=8).verdict()
+    verdict = bnlab.diagnose(model, batches(r, 4), num_samples=32, batch_per_rank=8).verdict()
     if r == 0:
         print(f"bnlab: {verdict}")
     fix()
