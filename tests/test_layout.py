@@ -177,3 +177,28 @@ def test_the_readme_is_short_and_opens_with_the_two_commands():
     assert "make test" in first and "make demo" in first
     assert all((PACKAGE.parent / "docs" / f).is_file()
                for f in ("training.md", "library.md", "sweeps.md"))
+
+
+def sentences(markdown: str) -> list[str]:
+    """The prose sentences of a Markdown page: code blocks, tables, figures and comments left
+    out, a list item its own paragraph, bold marks dropped."""
+    import re
+
+    text = re.sub(r"```.*?```", "", markdown, flags=re.S)
+    kept = [ln for ln in text.splitlines() if not ln.startswith(("|", "<!--", "!["))]
+    paras = re.split(r"\n\s*\n|\n(?=\s*(?:[-*]|\d+\.) )", "\n".join(kept))
+    out = []
+    for p in paras:
+        p = " ".join(p.replace("**", "").split())
+        out += [s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z`(])", p) if s]
+    return out
+
+
+def test_no_readme_sentence_runs_over_40_words():
+    """A newcomer finishes every sentence: none over 40 words outside tables and code (the
+    findings included)."""
+    long = [s for s in sentences((PACKAGE.parent / "README.md").read_text())
+            if len(s.split()) > 40]
+    assert not long, long
+    assert sentences("One. Two words here.\n\n- a b. C d\n\n```\nx y z.\n```\n| t |") == [
+        "One.", "Two words here.", "- a b.", "C d"]
