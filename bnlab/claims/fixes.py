@@ -360,7 +360,8 @@ def finding(d: RunsData) -> list[Finding]:
     others = {name: x[0] for fix, name in (("frozen_bn", "frozen BN"), ("gn", "GroupNorm"))
               if (x := over_bn(d, fix)) is not None}
     return [Finding(
-        f"At 4 x 2 and lr {lr:g}, SyncBN's plateau accuracy is {abs(g[0]):.1f} points {where} "
+        f"On {page.model([bn, sb])} at 4 x 2 and {page.rate(lr)}, SyncBN's plateau accuracy is "
+        f"{abs(g[0]):.1f} points {where} "
         f"BN's (95% CI {signed(g[1])} to {signed(g[2])})"
         + (", " + " and ".join(f"{name}'s {x:+.1f}" for name, x in others.items())
            + ("; neither is steadier (C6, C9 not reproduced)"

@@ -101,9 +101,11 @@ def grown(old: list[dict], new: list[dict], pilot: dict[str, dict],
                       "label": f"{c['input']}: {c['fix']} {then} {key} lr {was['lr']:g} "
                                "(superseded)",
                       "name": f"{recover.NAMES.get(c['fix'], c['fix'])}, {then} {key}",
+                      "of": c["fix"],
                       "superseded": f"the pilot chose {now} {key} (its rules version 2)"}
             said.append(f"{was['label']} -> {out[i]['label']}")
-        out.append({**c, "order": after + inputs.index(c["input"])})
+        out.append({**c, "order": after + inputs.index(c["input"]),
+                    "added": "when the pilot chose again (its rules version 2, `changed`)"})
         said.append(f"new: {c['label']}")
     return out, said
 

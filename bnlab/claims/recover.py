@@ -240,7 +240,8 @@ def superseded(d: RunsData) -> str:
         return ""
     return (f"Superseded cells ({', '.join(c.cell.label for c in old)}) ran at the pilot's first "
             f"choice; {old[0].cell.meta['superseded']}, so these stay as measured, and the "
-            "fix's new cells are what the finding and the doctor read. ")
+            "fix's new cells are what the finding and the doctor read once they have every "
+            "seed (until then, the superseded cells, named with their setting). ")
 
 
 def states_in_words(by: rules.Rules = RULES) -> str:
@@ -318,14 +319,26 @@ def verdicts(data: Recover) -> list[Verdict]:
     return []  # no claim under test: a ranking of fixes, stated on its page
 
 
-def on_input(data: Recover, inp: str = FIRST) -> dict[str, dict] | None:
-    """Each fix measured on one input, by fix; None until all are."""
+def on_input(data: Recover, inp: str = FIRST) -> dict[str, tuple[CellResult, dict]] | None:
+    """Each fix measured on one input, by fix, with the cell it was measured on; None until
+    all are. A fix whose new cells (frompilot.grown) still lack seeds reads its superseded
+    cell meanwhile; a new fix with nothing measured yet is left out until it is."""
     d = data.runs
-    fixes = [] if d is None else [c for c in d.cells if where(c) == inp
-                                  and c.cell.meta.get("fix") not in ("reference", "bn")
-                                  and not c.cell.meta.get("superseded")]
-    ms = {c.cell.meta["fix"]: measure(d, c) for c in fixes}
-    return None if not ms or any(m is None for m in ms.values()) else ms
+    cells = [] if d is None else [c for c in d.cells if where(c) == inp
+                                  and c.cell.meta.get("fix") not in ("reference", "bn")]
+    old = {c.cell.meta["of"]: c for c in cells if c.cell.meta.get("superseded")}
+    ms = {}
+    for c in cells:
+        fix = c.cell.meta["fix"]
+        if c.cell.meta.get("superseded"):
+            continue
+        m = measure(d, c)
+        if m is None and fix in old and (was := measure(d, old[fix])) is not None:
+            c, m = old[fix], was
+        elif m is None and c.cell.meta.get("added") and fix not in old:
+            continue  # a fix the pilot added later, still to come
+        ms[fix] = (c, m)
+    return None if not ms or any(m is None for _, m in ms.values()) else ms
 
 
 def values_at_the_break(data: Recover, inp: str) -> int | None:
@@ -345,11 +358,11 @@ def picks(data: Recover, inp: str = FIRST) -> dict | None:
     ms = on_input(data, inp)
     if ms is None:
         return None
-    fixes = {f: {"fix": f, "name": NAMES.get(f, f), "state": m["state"],
+    fixes = {f: {"fix": f, "name": name(c), "state": m["state"],
                  "gain": m["gain"]["gap"],
                  **({"share": m["share"][0], "lo": m["share"][1], "hi": m["share"][2]}
                     if math.isfinite(m["share"][0]) else {})}
-             for f, m in ms.items()}
+             for f, (c, m) in ms.items()}
     gain = lambda f: fixes[f]["gain"]  # noqa: E731
     free = [f for f in fixes if f in COMMUNICATION_FREE]
     return {"input": inp, "values": values_at_the_break(data, inp),

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import yaml
+
 from bnlab.jitter import MIN_EVALS, WINDOW
 from bnlab.lab.results import (
     CellResult,
@@ -15,7 +17,30 @@ from bnlab.lab.results import (
     run_minutes,
     wall_minutes,
 )
-from bnlab.paths import RUNS, shown
+from bnlab.paths import CONFIGS, RUNS, shown
+
+
+def default_rate(images: int = 8) -> float:
+    """The default rate at `images` per optimizer step (4 x 2: 8), as configs/optim/sgd.yaml
+    scales it: 0.00625 at 8."""
+    sgd = yaml.safe_load((CONFIGS / "optim" / "sgd.yaml").read_text())
+    return sgd["lr"] * images / sgd["scale_from"]
+
+
+def rate(lr: float) -> str:
+    """A rate as a reader places it: 'lr 0.00039 (1/16 of the default)', the default being
+    the rate at 4 x 2 (default_rate)."""
+    times = lr / default_rate()
+    share = ("the default" if abs(times - 1) < 1e-9 else
+             f"1/{1 / times:g} of the default" if times < 1 else f"{times:g}x the default")
+    shown_lr = f"{lr:g}" if len(f"{lr:g}") <= 7 else f"{lr:.2g}"  # 0.00625, 0.0016, 0.00039
+    return f"lr {shown_lr} ({share})"
+
+
+def model(cells: list[CellResult]) -> str:
+    """The model the cells train, as a finding names it ('resnet20'; several joined)."""
+    names = sorted({c.cell.cfg.get("model", {}).get("name", "") for c in cells} - {""})
+    return " and ".join(names) or "its model"
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 from bnlab.errors import BnlabError
 from bnlab.lab import rules
-from bnlab.lab.page import budget_line
+from bnlab.lab.page import budget_line, default_rate
 from bnlab.lab.results import wall_minutes
 from bnlab.lab.table import Finding, RunsData, Table, Verdict, claim_order, complete
 from bnlab.paths import EXPERIMENTS, ROOT, RUNS, shown
@@ -127,6 +127,14 @@ def write_json(path: Path, verdicts: list[Verdict], status: str,
     tmp.replace(path)
 
 
+# the words the findings use, defined before the first of them
+TERMS = ("Terms: 4 x 2 is 4 ranks (GPUs) of 2 images each; 1 x 8, one of 8. The plateau is the "
+         "second half of training; jitter, how far val accuracy moves between evaluations once "
+         "the trend is removed (points). Values per channel: the numbers a BN layer averages "
+         "per channel on one rank. A share of BN's loss: the part of its accuracy lost against "
+         f"1 x 8 that a fix wins back. The default rate is {default_rate():g} at 4 x 2.")
+
+
 def write_headline(path: Path, figures: list[str], verdicts: list[Verdict], status: str,
                    findings: tuple[Finding, ...] = (), marks: dict[str, str] | None = None
                    ) -> None:
@@ -147,7 +155,7 @@ def write_headline(path: Path, figures: list[str], verdicts: list[Verdict], stat
              for v in verdicts]
     dagger = any(marks.values()) or any(f.mark for f in findings)
     replace_block(path, begin, end, "\n".join([
-        begin, *(f"{i}. {f.line()}" for i, f in enumerate(findings, 1)), "",
+        begin, TERMS, "", *(f"{i}. {f.line()}" for i, f in enumerate(findings, 1)), "",
         *(f"![{Path(f).stem}]({f})" for f in figures), "",
         f"{status}The claims' verdicts, from `make report`" + (
             " (†: a rule written after its data were seen)" if dagger else "")

@@ -53,7 +53,7 @@ def test_a_new_setting_keeps_the_old_cells_as_measured_and_adds_new_ones_after_t
     gn32 = [c for c in cells if c["fix"] == "gn32"]
     assert [c["label"] for c in gn32] == ["resnet20: gn 32 groups lr 0.00625 (superseded)",
                                           "resnet18 32 px: gn 32 groups lr 0.00625 (superseded)"]
-    assert gn32[0]["name"] == "GroupNorm, 32 groups"
+    assert gn32[0]["name"] == "GroupNorm, 32 groups" and gn32[0]["of"] == "gn"
     assert gn32[0]["superseded"] == "the pilot chose 8 groups (its rules version 2)"
     new = cells[len(old):]
     assert [(c["input"], c["fix"], c["order"]) for c in new] == [

@@ -190,15 +190,15 @@ def finding(d: RunsData) -> list[Finding]:
     else:
         c = contrast(d, lr)
         steady_rates = [r for r in rates(d) if steady(d, r).ok]
-        only = (f"the only one of {len(rates(d))} rates" if len(steady_rates) == 1 else
-                f"one of {len(steady_rates)} of {len(rates(d))} rates")
+        only = (f"the one rate of {len(rates(d))} where SyncBN is steady"
+                if len(steady_rates) == 1 else
+                f"one of {len(steady_rates)} rates of {len(rates(d))} where SyncBN is steady")
         c1 = Finding(
             f"C1 (BN {CLAIMED.split(', ')[0].removeprefix('bn ')}, SyncBN "
-            f"{CLAIMED.split(', ')[1].removeprefix('syncbn ')}) {SAID.get(v, v)}: BN's plateau "
-            "jitter "
-            f"(von Neumann sd) is {c['ratio']:.2f}x SyncBN's (95% CI {fmt(c['lo'], 2)} to "
-            f"{fmt(c['hi'], 2)}) at lr {lr:g}, {only} where SyncBN is steady; the rule's bar "
-            f"is {REPRODUCED:g}x.", "lr", rules.mark(RULES), rank=3)
+            f"{CLAIMED.split(', ')[1].removeprefix('syncbn ')}) {SAID.get(v, v)}: on "
+            f"{page.model(d.cells)} at {page.rate(lr)}, {only}, BN's jitter is {c['ratio']:.2f}x "
+            f"SyncBN's (95% CI {fmt(c['lo'], 2)} to {fmt(c['hi'], 2)}); the claim needs "
+            f"{REPRODUCED:g}x.", "lr", rules.mark(RULES), rank=3)
     return [c1, why(d, lr)]
 
 

@@ -8,7 +8,18 @@ import math
 
 import numpy as np
 
-from bnlab.claims.lr.cells import MIN_SEEDS, NORMS, P1, PREDICTED, cell, mean, rates, ready
+from bnlab.claims.lr.cells import (
+    MIN_SEEDS,
+    NORMS,
+    P1,
+    PREDICTED,
+    RULES,
+    cell,
+    mean,
+    rates,
+    ready,
+)
+from bnlab.lab import page, rules
 from bnlab.lab.analysis import ratio_interval
 from bnlab.lab.results import CellResult, fmt, split
 from bnlab.lab.table import Finding, RunsData
@@ -78,8 +89,9 @@ def judged(d: RunsData) -> tuple[list[str], dict]:
     p1 = (f"{ratio[lowest]:.2f}x ({interval(d, lowest)}): {marks['P1']}."
           if lowest in rs else "its seeds are still to come." if lowest in coming else
           "too few of its seeds left after divergence: not checked.")
-    out = [f"- P1, bn's statistics part >= {P1:g}x syncbn's at the lowest rate ({lowest:g}; about "
-           f"{PREDICTED:g}x predicted): {p1}",
+    out = [f"- P1, bn's statistics part at least {P1:g}x syncbn's at the lowest rate ({lowest:g}; "
+           f"the model behind it, a_bn = {PREDICTED:g} a_syncbn, gives about {PREDICTED:g}x): "
+           f"{p1}",
            f"- P2, that ratio falls as the rate rises: "
            f"{', '.join(f'{ratio[lr]:.2f}x at {lr:g}' for lr in rs)}: "
            f"{marks['P2']}{so_far}.",
@@ -112,15 +124,17 @@ def why(d: RunsData, ruled: float | None = None) -> Finding:
         return Finding("Why BN jitters (the prediction written before table-lr's runs): its "
                        "runs are still to come.", "lr", rank=5)
     low, ratio = predicted_rates(d)[0], m["ratio"]
-    also = (f"{ratio[ruled]:.2f}x SyncBN's at lr {ruled:g} ({interval(d, ruled)}) and "
-            if ruled is not None and ruled != low and ruled in ratio else "")
-    head = ("BN's running statistics carry more of its variance than SyncBN's, "
-            + ("as predicted" if m["P1"] == "agrees" else "but less than predicted")
-            if also or ratio[low] > 1 else "BN's running statistics carry no more of its "
-            "variance than SyncBN's")
+    added = ruled is not None and ruled != low and ruled in ratio
+    later = (f"; {ratio[ruled]:.2f}x ({interval(d, ruled).removeprefix('95% CI ')}) at "
+             f"{page.rate(ruled).split(' (')[0].removeprefix('lr ')}, added later"
+             if added else "")
+    met = f"as predicted ({P1:g}x or more)" if m["P1"] == "agrees" else \
+        f"not the {P1:g}x or more predicted"
     return Finding(
-        f"{head}: their part is {also}{ratio[low]:.2f}x at {low:g} ({interval(d, low)}), "
-        f"against >= {P1:g}x predicted.", "lr", rank=5)
+        f"Why BN jitters: on {page.model(d.cells)} at {page.rate(low)}, BN's running "
+        f"statistics cause {ratio[low]:.2f}x SyncBN's share ({interval(d, low)}), {met}"
+        f"{later}.", "lr",
+        rules.mark(RULES) if added else "", rank=5)
 
 
 def fit_line(d: RunsData, among: list[float], what: str) -> list[str]:

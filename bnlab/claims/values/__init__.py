@@ -182,6 +182,13 @@ def below(ms: list[dict]) -> str:
     return "; at batch 8 it " + " and ".join(x for x in said if x) if held or missed else ""
 
 
+def short(name: str, before: dict) -> str:
+    """An input's name after another's in one sentence: its model dropped where both share it
+    ('resnet18 32 px' after 'resnet18 64 px' is '32 px')."""
+    model, _, rest = name.partition(" ")
+    return rest if rest and before["input"].split(" ")[0] == model else name
+
+
 def finding(d: RunsData) -> list[Finding]:
     """Where BN breaks, and the doctor's thresholds at 8 images per rank, in a sentence each."""
     ms = read(d)
@@ -194,15 +201,16 @@ def finding(d: RunsData) -> list[Finding]:
     for m in ms:
         levels.setdefault(m["images"], []).append(m)
     every = [n for n, cs in sorted(levels.items()) if all(m["state"] == "breaks" for m in cs)]
-    some = [f"at {n} on {sum(m['state'] == 'breaks' for m in cs)} of {len(cs)}"
+    some = [f"at {n} on {sum(m['state'] == 'breaks' for m in cs)} of {len(cs)} inputs"
             for n, cs in sorted(levels.items()) if n not in every]
     two = sorted(levels.get(2, []), key=lambda m: m["gap"])
     head = (f"BN breaks at {' or '.join(map(str, every))} image{'s' * (every != [1])} per "
-            "rank on every input tried" if every else "BN breaks at no level on every input")
+            "rank everywhere" if every else "BN breaks at no level on every input")
     text = head + (f", {', '.join(some)}" if some else "") + (
         f": at 4 x 2 it loses {two[0]['gap']:.1f} (95% CI {fmt(two[0]['lo'])} to "
-        f"{fmt(two[0]['hi'])}) to {two[-1]['gap']:.1f} points vs 1 x 8" if len(two) > 1
-        else "") + "."
+        f"{fmt(two[0]['hi'])}; {two[0]['input']}) to {two[-1]['gap']:.1f} points "
+        f"({fmt(two[-1]['lo'])} to {fmt(two[-1]['hi'])}; {short(two[-1]['input'], two[0])})"
+        if len(two) > 1 else "") + "."
     out = [Finding(text, "values", rules.mark(RULES), rank=1)]
     big = read(d, BIG)
     if big is not None:
