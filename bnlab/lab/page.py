@@ -40,7 +40,7 @@ def rate(lr: float) -> str:
 def model(cells: list[CellResult]) -> str:
     """The model the cells train, as a finding names it ('resnet20'; several joined)."""
     names = sorted({c.cell.cfg.get("model", {}).get("name", "") for c in cells} - {""})
-    return " and ".join(names) or "its model"
+    return " and ".join(names) or "the model"
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> str:

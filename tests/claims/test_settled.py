@@ -285,16 +285,17 @@ def test_the_readme_line_on_why_bn_jitters_carries_each_part_s_outcome(tmp_path)
     marks = lr.judged(d)[1]
     assert (marks["P1"], marks["P2"], marks["P3"]) == ("agrees", "agrees", "agrees")
     line = lr.finding(d)[1].text  # the README's sentence: P1's ratio with its interval
-    assert line.startswith("BN's running statistics carry more of its variance than SyncBN's, "
-                           "as predicted: their part is ") and \
-        f"{marks['ratio'][0.003125]:.2f}x at 0.003125 (95% CI " in line, line
+    assert line.startswith("Why BN jitters: on the model at lr 0.0031 (1/2 of the default), "
+                           "BN's running statistics cause ") and \
+        f"{marks['ratio'][0.003125]:.2f}x SyncBN's share (95% CI " in line and \
+        line.endswith("as predicted (2x or more)."), line
     # bn no noisier than syncbn at the low rate, and syncbn's part shrinking: all three fail
     d = lr_data(tmp_path / "no", {("syncbn", 0.003125): 1.0, ("bn", 0.003125): 1.0,
                                   ("syncbn", 0.1): 0.5, ("bn", 0.1): 1.0})
     marks = lr.judged(d)[1]
     assert (marks["P1"], marks["P2"], marks["P3"]) == ("disagrees", "disagrees", "disagrees")
     line = lr.finding(d)[1].text
-    assert "as predicted" not in line and line.endswith("against >= 2x predicted."), line
+    assert "as predicted" not in line and line.endswith("not the 2x or more predicted."), line
     lr.cell(d, "bn", 0.1).runs.pop()  # a seed still to come is said on the page
     assert any(ln.endswith("(so far: bn at lr 0.1: 4/5 seeds)") or "4/5" in ln
                for ln in lr.predictions(d)) or "4/5" in lr.seeds_to_come(d, lr.rates(d))
@@ -381,7 +382,8 @@ def test_c6_and_c9_are_ruled_on_the_fixes_spec_s_cells_where_their_control_is_st
     assert all(v.final for v in fixes.verdicts(d))  # every cell has all its seeds
     f = fixes.finding(d)[0]  # the README's sentence: syncbn over bn, seeds not paired
     g = fixes.over_bn(d, "syncbn")
-    assert f.text.startswith(f"At 4 x 2 and lr 0.0015625, SyncBN's plateau accuracy is "
+    assert f.text.startswith(f"On the model at 4 x 2 and lr 0.0016 (1/4 of the default), "
+                             f"SyncBN's plateau accuracy is "
                              f"{abs(g[0]):.1f} points ") and f.table == "fixes"
     assert f"(95% CI {g[1]:+.1f} to {g[2]:+.1f})" in f.text
     assert f"C6 {c6.verdict}" in f.text and f.mark.startswith(" [†](experiments/fixes/")
@@ -590,7 +592,7 @@ def test_where_no_count_rule_fits_the_table_says_how_close_the_doctor_s_comes(tm
     assert f"What a count rule can do here (a reading added after every batch-8 run was in; " \
            f"it changes no verdict above): {rules}." in values.render(d)
     assert values.finding(d)[0].text.startswith(
-        "BN breaks at 1 or 2 images per rank on every input tried, at 4 on 2 of 3: at 4 x 2 "
+        "BN breaks at 1 or 2 images per rank everywhere, at 4 on 2 of 3 inputs: at 4 x 2 "
         "it loses ")
 
 
