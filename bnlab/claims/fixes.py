@@ -297,7 +297,24 @@ def render(d: RunsData) -> str:
         "columns read its evaluations just after each epoch end's recalibration (10 on the "
         "plateau; they keep no predictions, so no churn floor): its other evaluations come "
         "after the running statistics' EMA has forgotten the recalibration. The rules: below.",
-        "", *rules.history(RULES)]))
+        "", PRECISE_MEASURES, "", *rules.history(RULES)]))
+
+
+# PreciseBN's gain answers one question several ways across the pages; this page owns C8
+PRECISE_MEASURES = (
+    "**PreciseBN's gain, one question, several measures.** The README quotes C8's: in the "
+    "PreciseBN cell, val accuracy just after each plateau epoch end's recalibration (4,096 "
+    "training images) minus the same checkpoint's just before it, paired, per seed. The others: "
+    "the plateau line above compares two trained cells, unpaired (the PreciseBN cell's "
+    "after-recalibration evaluations against bn's whole plateau, where bn's epoch ends sit "
+    "below its plateau mean); C8's decomposition gain recalibrates the bn cell's own "
+    "checkpoints on a copy with 2,048 fixed, unaugmented images (other images, and on two "
+    "seeds other weights); table-lr's cost section averages that decomposition over every "
+    "plateau evaluation, within epochs too, where it gains more; the +0.78 in this page's rules "
+    "history is one seed of the decomposition, written when two seeds existed; "
+    "table-precisebn's PreciseBN minus EMA (L2) is torchvision resnet18 on the short protocol "
+    "(5 epochs, cosine decay, lr 0.0125), one seed's final checkpoint, where the decayed rate "
+    "has let the running statistics settle.")
 
 
 def label_note(c: CellResult) -> str:

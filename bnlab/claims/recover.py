@@ -309,10 +309,14 @@ def plot(data: Recover, path: Path) -> None:
     else:
         nothing_yet(ax, data.waiting or "no fix has all its seeds and its references yet")
         ax.set_yticks([])
-    ax.set(xlabel="share of bn's loss recovered (%, 95% CI over seeds)",
-           title="0% = bn at 4 x 2, 100% = the 1 x 8 reference" if ms else "")
+    ax.set(xlabel="share of BN's loss recovered (%, 95% CI over seeds)",
+           ylabel="input: fix, best first",
+           title="0% = BN at 4 x 2, 100% = the 1 x 8 reference" if ms else "")
     ax.grid(alpha=0.3, axis="x")
-    save(fig, path, "What to use instead of BN at 4 ranks x 2")
+    best = {inp: p["best"]["name"] for inp in inputs if (p := picks(data, inp)) is not None}
+    save(fig, path, "What to use instead of BN at 4 ranks x 2" + (
+        "\nbest: " + "; ".join(f"{b} on {i}" for i, b in best.items())
+        if best else ""))
 
 
 def verdicts(data: Recover) -> list[Verdict]:

@@ -95,7 +95,8 @@ def legend(ax, size: int) -> None:
 def text_problems(fig) -> list[str]:
     """Text in a drawn figure that a reader cannot read: a title, label, tick label or legend
     entry that leaves the canvas, or two that overlap (tick labels of one axis with each other,
-    any text with a title). Empty when the figure reads cleanly."""
+    any text with a title, text drawn on an axes with other such text or a legend). Empty when
+    the figure reads cleanly."""
     fig.canvas.draw()
     r = fig.canvas.get_renderer()
     canvas = fig.bbox
@@ -123,6 +124,8 @@ def text_problems(fig) -> list[str]:
         leg = ax.get_legend()
         if leg is not None:
             texts.append((f"axes {i} legend", leg.get_window_extent(r)))
+        texts += [(f"axes {i} label {t.get_text()[:30]!r}", t.get_window_extent(r))
+                  for t in ax.texts if t.get_text() and t.get_visible()]
     out = [w for w, b in texts if b is None]
     boxes = [(w, b) for w, b in texts if b is not None]
     for w, b in boxes:
@@ -134,4 +137,7 @@ def text_problems(fig) -> list[str]:
         for v, c in boxes:
             if v != w and b.overlaps(c):
                 out.append(f"{w} overlaps {v}")
+    labels = [(w, b) for w, b in boxes if " label " in w or w.endswith("legend")]
+    for j, (w, b) in enumerate(labels):  # text drawn on the axes: each readable alone
+        out += [f"{w} overlaps {v}" for v, c in labels[j + 1:] if b.overlaps(c)]
     return out

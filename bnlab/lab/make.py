@@ -12,11 +12,13 @@ never imports bnlab.claims: the registry is handed to `main`.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 from bnlab.cli import run_cli
 from bnlab.errors import BnlabError
+from bnlab.lab import figures
 from bnlab.lab.readme import write_verdicts
 from bnlab.lab.spec import data_tag
 from bnlab.lab.sweep import add_launcher_args, launcher_kwargs, outcome, sweep
@@ -58,6 +60,7 @@ def main(registry: dict[str, Table], argv: list[str] | None = None) -> int:
             raise BnlabError(f"--jobs={a.jobs} must be at least 1.")
         kw = launcher_kwargs(a)
         t0, train_s = time.perf_counter(), 0.0
+        figures.PROBLEMS.clear()  # this build's figures alone
         here = kw["launcher"] == "local"
         ctxs = [Context(t, a.experiments, a.runs, a.tag, a.data, here) for t in tables]
         trained = [c for c in ctxs if c.table.trains]
@@ -86,6 +89,10 @@ def main(registry: dict[str, Table], argv: list[str] | None = None) -> int:
             if c.table is group[-1][0] and \
                     len(group) == sum(t.marker == c.table.marker for t in registry.values()):
                 write_verdicts(c.readme, c.table.marker, group, built)
+        if figures.PROBLEMS:  # written, but a figure a reader cannot read is a failed build
+            print(f"bnlab: {len(figures.PROBLEMS)} figure text problem(s), listed above; "
+                  "fix the plot that draws each.", file=sys.stderr)
+            return 1
         return 0
 
     return run_cli(body)

@@ -128,11 +128,11 @@ def write_json(path: Path, verdicts: list[Verdict], status: str,
 
 
 # the words the findings use, defined before the first of them
-TERMS = ("Terms: 4 x 2 is 4 ranks (GPUs) of 2 images each; 1 x 8, one of 8. The plateau is the "
-         "second half of training; jitter, how far val accuracy moves between evaluations once "
-         "the trend is removed (points). Values per channel: the numbers a BN layer averages "
-         "per channel on one rank. A share of BN's loss: the part of its accuracy lost against "
-         f"1 x 8 that a fix wins back. The default rate is {default_rate():g} at 4 x 2.")
+TERMS = ("Terms: 4 x 2 is 4 ranks (GPUs) of 2 images each. Plateau: the second half of "
+         "training. Jitter: how far val accuracy moves between evaluations, trend removed "
+         "(points). Values per channel: what a BN layer averages per channel on one rank. Share "
+         "of BN's loss: the part lost against 1 x 8 that a fix wins back. Default rate: "
+         f"{default_rate():g} at 4 x 2.")
 
 
 def write_headline(path: Path, figures: list[str], verdicts: list[Verdict], status: str,

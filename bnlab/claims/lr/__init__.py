@@ -104,6 +104,23 @@ def eval_cost(d: RunsData) -> str:
             "after they ran: the saving was not measured before the sweep started.")
 
 
+def swing_line(d: RunsData) -> list[str]:
+    """By the claim's own measure, the swing, at C1's rate: where its order reverses, said
+    beside C1's contrast (the von Neumann sd removes the trend the swing reads)."""
+    lr = ruling_rate(d)[0]
+    bn, sb = (None, None) if lr is None else (cell(d, "bn", lr), cell(d, "syncbn", lr))
+    if bn is None or sb is None or bn.jstat("swing").mean is None or \
+            sb.jstat("swing").mean is None:
+        return []
+    b, s = bn.jstat("swing").mean, sb.jstat("swing").mean
+    order = "reverses: BN's is the smaller" if b < s else "agrees: BN's is the larger"
+    return ["", f"By the claim's own measure, the swing (half the range of val acc over the "
+            f"plateau, mean over seeds), BN ±{b:.1f} against SyncBN ±{s:.1f} at lr {lr:g}: the "
+            f"order {order}. The swing reads the plateau's climb and its slow moves as well; the "
+            "von Neumann sd, C1's measure, removes the trend and reads the evaluation-to-"
+            "evaluation jitter the claim is about."]
+
+
 def render(d: RunsData) -> str:
     lines = [f"Chosen rate (experiments/pilot, on held-out data): **{chosen(d):g}**.", "",
              page.md_table(COLUMNS, [row(c) for lr in rates(d) for n in NORMS
@@ -115,7 +132,7 @@ def render(d: RunsData) -> str:
         bn = cell(d, "bn", lr)
         lines.append(f"- {why}" + (f"; {contrast(d, lr)['text']}" if ok is not None and
                                    ready(bn) and vals(bn) else ""))
-    lines += ["", *cost_section(d), "",
+    lines += [*swing_line(d), "", *cost_section(d), "",
               "## Why BN jitters: the prediction against the measurement", "",
               *predictions(d), "",
               "Statistics part: the detrended variance of (val acc with the running statistics "
@@ -131,47 +148,62 @@ def render(d: RunsData) -> str:
 
 
 def plot(d: RunsData, path: Path) -> None:
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
-    ax = axes[0]
+    """The message first: each norm's plateau jitter by rate, C1's ratio written at the rate
+    where SyncBN is steady; then the two cells' curves at that rate, labelled where they end;
+    then the variance BN's running statistics cause, by rate."""
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5.2))
     ruled = ruling_rate(d)[0]
-    shown = (ruled or chosen(d), rates(d)[-1])  # C1's rate (else the chosen), and 0.1
-    for lr in rates(d):
-        for n in NORMS:
-            c = cell(d, n, lr)
-            if c is not None and c.runs and lr in shown:
-                band(ax, c, f"{n}, lr {lr:g}" + (" (C1's rate)" if lr == ruled else ""))
-    ax.axvline(PLATEAU * 20, color="grey", ls=":", lw=1)
-    ax.set(title="val acc (band: min..max over seeds)", xlabel="epoch", ylabel="val accuracy (%)")
-    ax.grid(alpha=0.3)
-    legend(ax, 7)
-    for ax, key, title in ((axes[1], "vn_sd", "plateau jitter (von Neumann sd)"),
-                           (axes[2], None, "statistics part of the variance")):
+    ticks = [f"{page.rate(x).split(' (')[0].removeprefix('lr ')}\n"
+             f"{page.rate(x).split(' (')[1].rstrip(')').replace(' of the default', ' default')}"
+             for x in rates(d)]
+    for ax, key, title, unit in (
+            (axes[0], "vn_sd", "jitter on the plateau, by rate", "points"),
+            (axes[2], None, "variance from BN's running statistics", "points squared")):
         for i, n in enumerate(NORMS):
             xs, ys = [], []
             for lr in rates(d):
                 v = vals(cell(d, n, lr), key) if key else parts(cell(d, n, lr), "statistics")
-                ax.plot([lr] * len(v), v, "o", color=f"C{i}", ms=3, alpha=0.5)
+                ax.plot([lr] * len(v), v, "o", color=f"C{i}", ms=3, alpha=0.4)
                 if v:
                     xs.append(lr)
                     ys.append(mean(v))
-            ax.plot(xs, ys, "-", color=f"C{i}", label=n)
+            ax.plot(xs, ys, "-", color=f"C{i}", lw=2, label=n.replace("bn", "BN").replace(
+                "syncBN", "SyncBN"))
         if key:
-            label = "syncbn's churn floor"
             for lr in rates(d):
                 f = vals(cell(d, "syncbn", lr), "churn_floor")
                 if f:
-                    ax.plot([lr], [mean(f)], "_", color="black", ms=14, label=label)
-                    label = None  # one legend entry
+                    ax.plot([lr], [mean(f)], "_", color="black", ms=14,
+                            label="the test set's noise floor" if lr == rates(d)[0] else None)
+            if ruled is not None:
+                c = contrast(d, ruled)
+                ax.annotate(f"BN {c['ratio']:.2f}x SyncBN\n(95% CI {fmt(c['lo'], 2)} to "
+                            f"{fmt(c['hi'], 2)});\nonly here is SyncBN steady",
+                            (ruled, mean(vals(cell(d, "bn", ruled), key))), xytext=(12, 28),
+                            textcoords="offset points", fontsize=9,
+                            arrowprops={"arrowstyle": "->", "color": "0.3"})
         ax.set_xscale("log", base=2)
-        ax.set_xticks(rates(d), [f"{x:g}" for x in rates(d)])
-        ax.axvline(chosen(d), color="grey", ls="--", lw=1)
-        ax.set(title=title, xlabel="learning rate (dashed: chosen)",
-               ylabel="points" if key else "points²")
+        ax.set_xticks(rates(d), ticks, fontsize=8)
+        ax.set(title=title, xlabel="learning rate", ylabel=unit)
         ax.grid(alpha=0.3)
         legend(ax, 8)
-    save(fig, path, "The learning-rate crossover: resnet20, 4 ranks x 2, constant rate",
-         empty=not any(c.runs for c in d.cells))
-
+    ax, at = axes[1], ruled or chosen(d)
+    for i, n in enumerate(NORMS):
+        c = cell(d, n, at)
+        if c is not None and c.runs:
+            band(ax, c, color=f"C{i}")
+            ep, m, _, _ = c.mean_curve()
+            ax.text(ep[-1], m[-1], f"  {n.replace('bn', 'BN').replace('syncBN', 'SyncBN')}",
+                    color=f"C{i}", va="center", fontsize=9)
+    ax.axvline(PLATEAU * 20, color="grey", ls=":", lw=1)
+    ax.set(title=f"val accuracy at {page.rate(at)}", xlabel="epoch (dotted: the plateau "
+           "starts)", ylabel="val accuracy (%)")
+    ax.margins(x=0.12)
+    ax.grid(alpha=0.3)
+    head = ("C1: BN's jitter against SyncBN's, resnet20 at 4 ranks x 2" if ruled is None else
+            f"BN jitters {contrast(d, ruled)['ratio']:.2f}x as much as SyncBN where SyncBN is "
+            f"steady (C1 claimed ±10 against ±2), resnet20 at 4 ranks x 2")
+    save(fig, path, head, empty=not any(c.runs for c in d.cells))
 
 
 SAID = {"partly": "holds only partly", "reproduced": "reproduces",

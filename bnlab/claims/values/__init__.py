@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 
+from bnlab.claims.values import figure
 from bnlab.claims.values.cells import *  # noqa: F403 (the table's names, one namespace)
 from bnlab.claims.values.cells import (
     BIG,
@@ -50,7 +52,6 @@ from bnlab.claims.values.doctor import (
 from bnlab.claims.values.doctor import (
     flagged as doctor_flags,
 )
-from bnlab.claims.values.figure import plot
 from bnlab.doctor import MIN_IMAGES, MIN_VALUES, at_risk
 from bnlab.lab import devices, page, rules, table
 from bnlab.lab.plan import Spec
@@ -226,6 +227,11 @@ def finding(d: RunsData) -> list[Finding]:
                f": the doctor's thresholds there: {verdict}") + below(ms) + ".", "values",
             rules.mark(RULES), rank=6))
     return out
+
+
+def plot(d: RunsData, path: Path) -> None:
+    """The figure, titled with its message: where BN breaks, as the finding says it."""
+    figure.plot(d, path, finding(d)[0].text.split(": ")[0])
 
 
 TABLE = table.Table("values", (), table.runs_data, render, verdicts, plot, block="settled",

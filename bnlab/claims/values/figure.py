@@ -1,4 +1,4 @@
-"""table-values' figure: the gap and the jitter ratio against values per channel."""
+"""table-values' figure: the accuracy gap against values per channel, by input."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from bnlab.claims.values.cells import BIG, BREAK, MIN_SEEDS, images, measured
-from bnlab.doctor import MIN_IMAGES, MIN_VALUES
+from bnlab.doctor import MIN_VALUES
 from bnlab.lab.figures import nothing_yet, plt, save
 from bnlab.lab.table import RunsData
 
@@ -64,49 +64,45 @@ def legend(ms: list[dict], gap: bool) -> tuple[list, list[str]]:
     return handles, labels
 
 
-def plot(d: RunsData, path: Path) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-    ms = [m for _, m in measured(d) if m["values"] is not None]
-    lost = []  # cells that diverged on every seed they ran: no gap to draw
-    for m in ms:
-        kw, x = style(m), shift(m)
-        diverged = lost_seed(m)
-        if diverged and not math.isfinite(m["gap"]):
-            lost.append((x, kw))
-        for ax, y, lo, hi in ((axes[0], m["gap"], m["lo"], m["hi"]),
-                              (axes[1], m["jitter"], m["jlo"], m["jhi"])):
-            if y is None or not math.isfinite(y):
-                continue
-            err = [[y - lo], [hi - y]] if lo is not None and hi is not None else None
-            unread = ax is axes[1] and m["jstate"] == "untestable"  # drawn, not read
-            ax.errorbar([x], [y], yerr=err, capsize=3, alpha=0.35 if m.get("pending") else 1,
-                        **({**kw, "color": "0.7", "mfc": "none"} if unread else kw))
-            if diverged and ax is axes[0]:
-                ax.plot([x], [y], marker="x", ms=9, ls="none", color="C3")
-    for x, kw in lost:  # at the top of the gap panel, where the worst cells are
-        axes[0].plot([x], [0.96], transform=axes[0].get_xaxis_transform(),
-                     **{**kw, "marker": "x", "ms": 9, "color": "C3"})
-    if not any(m["state"] != "reference" for m in ms):
-        for ax in axes:
-            nothing_yet(ax, "no cell and its reference have all their seeds yet")
-    for ax, y, ylabel, title, line in (
-            (axes[0], 0, "accuracy lost to the 1 x batch reference (points)",
-             "accuracy gap to the reference",
-             (BREAK, f"breaks at {BREAK:g} points lost (interval above 0)")),
-            (axes[1], 1, "jitter / the reference's jitter", "jitter against the reference",
-             None)):
-        ax.axhline(y, color="grey", lw=1)
-        if line:
-            ax.axhline(line[0], color="C3", ls=":", lw=1, label=line[1])
-        ax.axvline(MIN_VALUES, color="C3", ls="--", lw=1,
-                   label=f"doctor: at risk below {MIN_VALUES} values (or {MIN_IMAGES} images)")
-        ax.set_xscale("log", base=2)
-        ax.set(title=title, xlabel="values per channel at the smallest BN layer (log)",
-               ylabel=ylabel)
-        ax.grid(alpha=0.3)
-        lines, names = ax.get_legend_handles_labels()  # the thresholds first, then the cells
-        handles, labels = legend(ms, ax is axes[0])
-        ax.legend(lines + handles, names + labels, fontsize=8)
-    save(fig, path, "Where BN breaks: global batch 8 (and 16: 2 x 8 against 1 x 16), only the "
-                    "grouping changes")
+LABELS = {"resnet20": "resnet20", "resnet18 32 px": "r18 32px", "resnet18 64 px": "r18 64px"}
 
+
+def plot(d: RunsData, path: Path, title: str = "Where BN breaks") -> None:
+    """One panel, the message's: each cell's accuracy lost against its 1 x batch reference by
+    values per channel, each point named with its input (the jitter ratios, read only where
+    the reference is steady, are in the table)."""
+    fig, ax = plt.subplots(figsize=(11, 5.4))
+    ms = [m for _, m in measured(d) if m["values"] is not None]
+    for m in ms:
+        kw, x, y = style(m), shift(m), m["gap"]
+        if y is None or not math.isfinite(y):
+            if lost_seed(m):  # diverged on every seed it ran: at the top, where the worst are
+                ax.plot([x], [0.96], transform=ax.get_xaxis_transform(),
+                        **{**kw, "marker": "x", "ms": 9, "color": "C3"})
+            continue
+        err = [[y - m["lo"]], [m["hi"] - y]] if m["lo"] is not None and m["hi"] is not None \
+            else None
+        ax.errorbar([x], [y], yerr=err, capsize=3, alpha=0.35 if m.get("pending") else 1, **kw)
+        if lost_seed(m):
+            ax.plot([x], [y], marker="x", ms=9, ls="none", color="C3")
+        if m["state"] != "reference":
+            up = m["batch"] == BIG  # its reference sits close below and right: above it
+            ax.annotate(LABELS.get(m["input"], m["input"]), (x, y),
+                        xytext=(7, 7) if up else (6, -3), textcoords="offset points",
+                        fontsize=7, color="0.25")
+    if not any(m["state"] != "reference" for m in ms):
+        nothing_yet(ax, "no cell and its reference have all their seeds yet")
+    ax.axhline(0, color="grey", lw=1)
+    ax.axhline(BREAK, color="C3", ls=":", lw=1,
+               label=f"breaks: {BREAK:g} points or more lost, interval above 0")
+    ax.axvline(MIN_VALUES, color="C3", ls="--", lw=1,
+               label=f"the doctor's threshold: {MIN_VALUES} values per channel")
+    ax.set_xscale("log", base=2)
+    ax.set(title="accuracy lost against 1 rank with the same global batch, by input",
+           xlabel="values per channel at the smallest BN layer, one rank (log scale)",
+           ylabel="accuracy lost (points)")
+    ax.grid(alpha=0.3)
+    lines, names = ax.get_legend_handles_labels()  # the thresholds first, then the cells
+    handles, labels = legend(ms, True)
+    ax.legend(lines + handles, names + labels, fontsize=8, loc="upper right")
+    save(fig, path, title)

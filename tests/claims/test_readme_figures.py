@@ -1,0 +1,49 @@
+"""The figures the README shows carry their message: drawn from the committed runs, each has a
+title that says what it found, labelled axes in plain units, and text that reads cleanly
+(bnlab.lab.figures.text_problems: nothing overlaps, nothing leaves the canvas)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from bnlab.claims import lr, recover, values
+from bnlab.claims.values import figure as values_figure
+from bnlab.lab import figures, table
+from bnlab.paths import ROOT
+
+# figure -> (its table's module, where it calls save, what its title must say)
+SHOWN = {"lr.png": (lr, lr, r"^BN jitters [\d.]+x as much as SyncBN where SyncBN is steady"),
+         "values.png": (values, values_figure, r"^BN breaks at "),
+         "recover.png": (recover, recover, r"^What to use instead of BN at 4 ranks x 2")}
+
+
+def test_the_readme_shows_exactly_these_figures():
+    readme = (ROOT / "README.md").read_text()
+    assert sorted(re.findall(r"!\[\w+\]\(experiments/\w+/(\w+\.png)\)", readme)) == sorted(SHOWN)
+
+
+@pytest.mark.parametrize("name", sorted(SHOWN))
+def test_each_readme_figure_says_its_message_in_plain_units(name, monkeypatch, tmp_path):
+    module, where, title = SHOWN[name]
+    drawn = []
+
+    def keep(fig, path, head=None, **kw):  # what save would write, kept to look at
+        fig.suptitle(head)
+        fig.tight_layout()
+        drawn.append((head, [(a.get_title(), a.get_xlabel(), a.get_ylabel()) for a in fig.axes],
+                      figures.text_problems(fig)))
+        figures.plt.close(fig)
+
+    monkeypatch.setattr(where, "save", keep)
+    t = module.TABLE
+    data = t.load(table.Context(t)) if t.load is not table.runs_data else \
+        table.runs_data(table.Context(t))
+    t.plot(data, tmp_path / name)
+    (head, axes, problems) = drawn[0]
+    assert re.search(title, head), head
+    assert problems == []
+    for ax_title, xlabel, ylabel in axes:
+        assert ax_title and xlabel and ylabel, (ax_title, xlabel, ylabel)
+        assert "²" not in ylabel + xlabel and "crossover" not in head + ax_title
