@@ -128,11 +128,12 @@ def write_json(path: Path, verdicts: list[Verdict], status: str,
 
 
 # the words the findings use, defined before the first of them
-TERMS = ("Terms: 4 x 2 is 4 ranks (GPUs) of 2 images each. Plateau: the second half of "
-         "training. Jitter: how far val accuracy moves between evaluations, trend removed "
-         "(points). Values per channel: what a BN layer averages per channel on one rank. Share "
-         "of BN's loss: the part lost against 1 x 8 that a fix wins back. Default rate: "
-         f"{default_rate():g} at 4 x 2.")
+TERMS = ("Terms: 4 x 2 is 4 ranks (GPUs) of 2 images each; an input, a model at an image size. "
+         "Plateau: the second half of training. Jitter: how far val accuracy moves between "
+         "evaluations, trend removed (points); steady: jitter near the test set's noise floor. "
+         "Values per channel: what a BN layer averages per channel on one rank. Share of BN's "
+         "loss: the part lost against 1 x 8 that a fix wins back. Default rate: "
+         f"{default_rate():g} at 4 x 2. †: a rule written after its data were seen.")
 
 
 def write_headline(path: Path, figures: list[str], verdicts: list[Verdict], status: str,
@@ -156,6 +157,7 @@ def write_headline(path: Path, figures: list[str], verdicts: list[Verdict], stat
     dagger = any(marks.values()) or any(f.mark for f in findings)
     replace_block(path, begin, end, "\n".join([
         begin, TERMS, "", *(f"{i}. {f.line()}" for i, f in enumerate(findings, 1)), "",
+        *(x for f in findings if f.after for x in (f.after, "")),
         *(f"![{Path(f).stem}]({f})" for f in figures), "",
         f"{status}The claims' verdicts, from `make report`" + (
             " (†: a rule written after its data were seen)" if dagger else "")

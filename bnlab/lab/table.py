@@ -62,6 +62,8 @@ class Finding:
     # its place in the README's list, the answer users asked for first; each table's finding
     # its own rank, so the order never rests on the order the tables are listed in
     rank: int = 9
+    # a plain sentence set under the list, where this finding and another read differently
+    after: str = ""
 
     def line(self) -> str:
         """The README's form: the sentence, its table linked, its mark."""

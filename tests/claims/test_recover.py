@@ -122,12 +122,12 @@ def test_the_finding_says_when_no_fix_without_communication_does_better(monkeypa
                                   "best_free": other["gn"]}
     assert recover.finding(None)[0].text == (
         "At 4 x 2, on resnet20 (128 values per channel) SyncBN gets back 80% of BN's loss (95% "
-        "CI 70 to 90), none without communication does; on resnet18 at 32 px (2 values) "
+        "CI 70 to 90), none without cross-GPU communication does; on resnet18 at 32 px (2 values) "
         "GroupNorm 90% (80 to 100).")
     other["syncbn"] = entry("syncbn", "recovers", 9.5)
     by_input["resnet18 32 px"]["best"] = other["syncbn"]
     assert recover.finding(None)[0].text.endswith(
-        "on resnet18 at 32 px (2 values) SyncBN 95% (85 to 105), without communication "
+        "on resnet18 at 32 px (2 values) SyncBN 95% (85 to 105), without cross-GPU communication "
         "GroupNorm 90% (80 to 100).")
     fixes["syncbn"] = entry("syncbn", "no better", 0.2)
     by_input["resnet20"]["best"] = fixes["syncbn"]
