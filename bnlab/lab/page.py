@@ -33,8 +33,12 @@ def rate(lr: float) -> str:
     times = lr / default_rate()
     share = ("the default" if abs(times - 1) < 1e-9 else
              f"1/{1 / times:g} of the default" if times < 1 else f"{times:g}x the default")
-    shown_lr = f"{lr:g}" if len(f"{lr:g}") <= 7 else f"{lr:.2g}"  # 0.00625, 0.0016, 0.00039
-    return f"lr {shown_lr} ({share})"
+    return f"lr {short(lr)} ({share})"
+
+
+def short(lr: float) -> str:
+    """A rate in at most 7 characters: 0.00625, 0.0125, and 0.0016, 0.00039 where longer."""
+    return f"{lr:g}" if len(f"{lr:g}") <= 7 else f"{lr:.2g}"
 
 
 def model(cells: list[CellResult]) -> str:

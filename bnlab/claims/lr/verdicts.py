@@ -27,7 +27,7 @@ from bnlab.claims.lr.cells import (
     vals,
     without_added,
 )
-from bnlab.lab import rules, table
+from bnlab.lab import page, rules, table
 from bnlab.lab.results import fmt
 from bnlab.lab.table import RunsData, Verdict
 
@@ -88,9 +88,12 @@ def c1_parts(d: RunsData) -> tuple[str, str, str, str]:
     v = outcome(c)
     note = " (indistinguishable)" if v == "not reproduced" else \
         " (bn does not learn: no room to jitter)" if v == "untestable" else ""
-    glance = (f"jitter (von Neumann sd, not a swing) bn {mean(vals(bn)):.2f} vs syncbn "
-              f"{mean(vals(cell(d, 'syncbn', lr))):.2f} pts, {c['ratio']:.2f}x (95% CI "
-              f"{fmt(c['lo'], 2)} to {fmt(c['hi'], 2)}) at lr {lr:g}" + note)
+    sw = [cell(d, n, lr).jstat("swing").mean for n in ("bn", "syncbn")]
+    swing = "" if None in sw else \
+        f"; by the swing {'reversed' if sw[0] < sw[1] else 'the same'}, {sw[0]:.1f} vs {sw[1]:.1f}"
+    glance = (f"von Neumann sd bn {mean(vals(bn)):.2f} vs syncbn "
+              f"{mean(vals(cell(d, 'syncbn', lr))):.2f}, {c['ratio']:.2f}x ({fmt(c['lo'], 2)} "
+              f"to {fmt(c['hi'], 2)}) at lr {page.short(lr)}{swing}" + note)
     return v, f"{c['text']}{note}; {why}", RULE_C1 + disclosure(d, lr), glance
 
 
