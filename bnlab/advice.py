@@ -101,6 +101,13 @@ def measured(fix: str, values: int | None = None) -> str:
                         lambda o: said(o["fixes"][fix])))
 
 
+def groups(fix: str, values: int | None = None) -> int | None:
+    """The group count table-recover ran `fix` at on the input nearest `values` (its pilot's
+    choice), or None where none is measured or the entry names none."""
+    entries = [e for e in read() if fix in e.get("fixes", {})]
+    return nearest(entries, values)[0]["fixes"][fix].get("groups") if entries else None
+
+
 def _free_line(entry: dict) -> str:
     free = entry["best_free"]
     return (f"none did better than BN; the closest, {said(free)}"

@@ -32,7 +32,7 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
-from bnlab.advice import measured, without_communication
+from bnlab.advice import groups, measured, without_communication
 from bnlab.batchnorm import restore_modes, save_modes
 from bnlab.cli import add_json, emit, imported
 from bnlab.errors import BnlabError
@@ -268,10 +268,17 @@ def recommend(layers: list[Layer], world: int, batch: int, min_values: int,
     tips.append(without_communication(values=low.per_rank))  # cites the nearest input
     channels = [layer.channels for layer in bns]
     g = max((g for g in range(1, 33) if all(c % g == 0 for c in channels)), default=1)
-    tips.append((f"gn with groups={g} (the most groups, up to 32, that divide every BN "
-                 f"layer's channels: {math.gcd(*channels)} is their common divisor)"
-                 if g > 1 else "gn: no group count above 1 divides every layer's channels; "
-                 "use ln or per-layer groups") + measured("gn", low.per_rank))
+    chosen = groups("gn", low.per_rank)  # what table-recover measured, its pilot's choice
+    if chosen and all(c % chosen == 0 for c in channels):
+        head = (f"gn with groups={chosen} (the count table-recover measured it at; it "
+                "divides every BN layer's channels)")
+    elif g > 1:
+        head = (f"gn with groups={g} (the most groups, up to 32, that divide every BN "
+                f"layer's channels: {math.gcd(*channels)} is their common divisor)")
+    else:
+        head = "gn: no group count above 1 divides every layer's channels; use ln or " \
+            "per-layer groups"
+    tips.append(head + measured("gn", low.per_rank))
     need = max(min_images, math.ceil(min_values / max(spatial, 1)))
     tips.append(f"or a per-rank batch of {need} or more (each sample gives {low.name} "
                 f"{spatial} value{'s' if spatial != 1 else ''} per channel)")

@@ -345,6 +345,15 @@ def on_input(data: Recover, inp: str = FIRST) -> dict[str, tuple[CellResult, dic
     return None if not ms or any(m is None for _, m in ms.values()) else ms
 
 
+def groups_of(c: CellResult) -> dict:
+    """{"groups": N} for a cell that sets a group count (capped at 32 where it says so), else
+    {}: the setting the doctor's gn line quotes."""
+    over = c.cell.overrides
+    given = [int(o.split("=")[1]) for o in over if o.startswith("norm.groups=")]
+    return {"groups": given[0]} if given else \
+        {"groups": 32} if "norm.cap_groups=true" in over else {}
+
+
 def values_at_the_break(data: Recover, inp: str) -> int | None:
     """The fewest values per channel per rank of the input's bn at 4 x 2 (its smallest BN
     layer), from its runs' run.json."""
@@ -363,7 +372,7 @@ def picks(data: Recover, inp: str = FIRST) -> dict | None:
     if ms is None:
         return None
     fixes = {f: {"fix": f, "name": name(c), "state": m["state"],
-                 "gain": m["gain"]["gap"],
+                 "gain": m["gain"]["gap"], **groups_of(c),
                  **({"share": m["share"][0], "lo": m["share"][1], "hi": m["share"][2]}
                     if math.isfinite(m["share"][0]) else {})}
              for f, (c, m) in ms.items()}
