@@ -131,8 +131,11 @@ def precisebn_cost(b: Bench) -> None:
 # steps as bn does; its recalibration is the precisebn section.
 FIX_NORMS = {"syncbn": ("syncbn", "syncbn", {}),
              "syncbn2": ("syncbn, groups of 2", "syncbn", {"sync_group": 2}),
-             "gn": ("gn (32 groups, capped)", "gn", {"cap_groups": True}),
-             "ln": ("ln", "ln", {}), "evonorm": ("evonorm", "evonorm", {}),
+             "gn": ("gn (8 groups)", "gn", {"groups": 8}),
+             "gn32": ("gn (32 groups, capped)", "gn", {"cap_groups": True}),
+             "gnws": ("gnws (8 groups)", "gnws", {"groups": 8}),
+             "ln": ("ln", "ln", {}), "evonorm": ("evonorm (8 groups)", "evonorm", {"groups": 8}),
+             "evonorm32": ("evonorm (32 groups, capped)", "evonorm", {}),
              "brn": ("brn", "brn", {}),
              "frozen_bn": ("frozen BN (once frozen)", "frozen_bn", {"freeze_after": 0})}
 

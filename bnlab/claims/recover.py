@@ -220,6 +220,7 @@ def render(data: Recover) -> str:
         "lost), paired on the seed; gain: the cell's minus bn 4 x 2's; share: the mean gain "
         "over bn's mean gap, with a bootstrap interval over seeds.", "",
         states_in_words(), "",
+        *precise_note(d),
         beside_others(), "",
         "Step time (shown, not ruled): each fix's training step over bn's on resnet20 at 4 "
         "simulated ranks x 2 in one process, measured side by side by `make bench ONLY=fixes` "
@@ -242,6 +243,32 @@ def superseded(d: RunsData) -> str:
             f"choice; {old[0].cell.meta['superseded']}, so these stay as measured, and the "
             "fix's new cells are what the finding and the doctor read once they have every "
             "seed (until then, the superseded cells, named with their setting). ")
+
+
+def precise_note(d: RunsData) -> list[str]:
+    """What the precise rows measure: val/acc, as every row, which PreciseBN's epoch-end
+    recalibration no longer touches by the next evaluation (the running statistics' EMA has
+    replaced it), counted as the evaluations where a precise run's val acc equals its seed's bn
+    run; reading its val/acc_precise instead would be a rule change after the data were seen."""
+    same, total = 0, 0
+    for inp in INPUTS:
+        p, b = by_fix(d, "precise", inp), by_fix(d, "bn", inp)
+        for r in (p.runs if p and b else []):
+            twin = next((x for x in b.runs if x.seed == r.seed), None)
+            if twin is None:
+                continue
+            acc = {row["step"]: row["val/acc"] for row in twin.rows if "val/acc" in row}
+            mine = [(row["step"], row["val/acc"]) for row in r.rows if "val/acc" in row]
+            same += sum(acc.get(s) == v for s, v in mine)
+            total += len(mine)
+    if not total:
+        return []
+    return [f"The precise rows read val/acc, as every row does: PreciseBN recalibrates at epoch "
+            "ends, and by the next evaluation the running statistics' EMA has replaced what it "
+            f"set, so these rows measure BN trained beside it: {same} of their {total} "
+            "evaluations equal their seed's bn run exactly. table-fixes reads the evaluations "
+            "just after each recalibration (C8). Reading val/acc_precise here would be a rule "
+            "change after the data were seen; it is not made.", ""]
 
 
 def states_in_words(by: rules.Rules = RULES) -> str:

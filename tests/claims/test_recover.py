@@ -163,3 +163,14 @@ def test_a_superseded_cell_is_on_the_page_but_not_in_the_advice(tmp_path):
     gnws.cell.meta["added"] = "later"  # a fix added later, still to come: left out meanwhile
     gnws.runs.pop()
     assert set(recover.picks(recover.Recover(d))["fixes"]) == {"syncbn", "gn"}
+
+
+def test_the_precise_rows_say_how_many_evaluations_equal_bn_s(tmp_path):
+    d = data(tmp_path, {**LEVELS, "precise": 50.0})
+    bn = next(c for c in d.cells if c.cell.meta["fix"] == "bn")
+    precise = next(c for c in d.cells if c.cell.meta["fix"] == "precise")
+    precise.runs = bn.runs  # the same curves: every evaluation equal
+    n = sum("val/acc" in row for r in bn.runs for row in r.rows)
+    assert recover.precise_note(d)[0].split("beside it: ")[1].startswith(
+        f"{n} of their {n} evaluations equal their seed's bn run exactly")
+    assert recover.precise_note(data(tmp_path / "none", LEVELS)) == []
