@@ -1,7 +1,7 @@
 """What bnlab measured about the fixes at the break, for the doctor's fix lines: read from
 bnlab/measured/advice.json, inside the package (an installed wheel carries it), which `make
 table-recover` writes from its runs, one entry per input once its cells have their seeds
-(bnlab/claims/recover.py). A line cites the measured input nearest to the user's model in
+(bnlab/claims/recover/). A line cites the measured input nearest to the user's model in
 values per channel per rank at its smallest BN layer, names it, and says where another input
 ranks the fix differently. Nothing here types a result.
 """

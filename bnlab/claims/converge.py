@@ -9,7 +9,7 @@ and setting table-recoverpilot chose, 3 seeds; each fix's state beside its 10-ep
     python -m bnlab.claims converge --report            # the table from the runs' logs only
 
 The rules are data in experiments/converge/rules.yaml, committed before any of its runs:
-table-recover's states and thresholds (bnlab/claims/recover.py measures both tables) at 3
+table-recover's states and thresholds (bnlab/claims/recover/ measures both tables) at 3
 seeds, and the ranking's answer. Length and schedule both differ from table-recover's
 (10 epochs, constant rate): a changed ranking says the protocol matters, not which of the two
 changes made it. Writes experiments/converge/{table.md, converge.png}.

@@ -114,7 +114,7 @@ def test_the_finding_says_when_no_fix_without_communication_does_better(monkeypa
     other = {"gn": entry("gn", "recovers", 9.0), "precise": entry("precise", "no better", 0.5)}
     by_input = {"resnet20": {"fixes": fixes, "values": 128, "best": fixes["syncbn"],
                              "best_free": fixes["precise"]}}
-    monkeypatch.setattr(recover, "picks", lambda data, inp: by_input.get(inp))
+    monkeypatch.setattr(recover.words, "picks", lambda data, inp: by_input.get(inp))
     assert recover.finding(None)[0].text == (
         "At 4 x 2 on resnet20, SyncBN over all 4 ranks gets back 80% of BN's loss (95% CI 70 "
         "to 90); no fix without per-step communication beats BN.")

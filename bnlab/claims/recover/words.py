@@ -1,0 +1,181 @@
+"""table-recover in words: its finding for the README, the sentence that reconciles it with
+table-fixes', and the page's notes (the states, the superseded cells, the precise rows)."""
+
+from __future__ import annotations
+
+import yaml
+
+from bnlab.advice import said
+from bnlab.claims.recover.cells import (
+    COMMUNICATION_FREE,
+    FIRST,
+    INPUTS,
+    RULES,
+    SHORT,
+    Recover,
+    by_fix,
+    picks,
+    reference,
+)
+from bnlab.lab import rules
+from bnlab.lab.table import Finding, RunsData
+from bnlab.paths import CONFIGS, EXPERIMENTS
+
+
+def superseded(d: RunsData) -> str:
+    """A sentence on the cells kept as measured at a setting the pilot no longer chooses
+    (bnlab/claims/frompilot.py), if any: they are shown, never advised."""
+    old = [c for c in d.cells if c.cell.meta.get("superseded")]
+    if not old:
+        return ""
+    return (f"Superseded cells ({', '.join(c.cell.label for c in old)}) ran at the pilot's first "
+            f"choice; {old[0].cell.meta['superseded']}, so these stay as measured, and the "
+            "fix's new cells are what the finding and the doctor read once they have every "
+            "seed (until then, the superseded cells, named with their setting). ")
+
+
+def precise_note(d: RunsData) -> list[str]:
+    """What the precise rows measure: val/acc, as every row, which PreciseBN's epoch-end
+    recalibration no longer touches by the next evaluation (the running statistics' EMA has
+    replaced it), counted as the evaluations where a precise run's val acc equals its seed's bn
+    run; reading its val/acc_precise instead would be a rule change after the data were seen."""
+    same, total = 0, 0
+    for inp in INPUTS:
+        p, b = by_fix(d, "precise", inp), by_fix(d, "bn", inp)
+        for r in (p.runs if p and b else []):
+            twin = next((x for x in b.runs if x.seed == r.seed), None)
+            if twin is None:
+                continue
+            acc = {row["step"]: row["val/acc"] for row in twin.rows if "val/acc" in row}
+            mine = [(row["step"], row["val/acc"]) for row in r.rows if "val/acc" in row]
+            same += sum(acc.get(s) == v for s, v in mine)
+            total += len(mine)
+    if not total:
+        return []
+    return [f"The precise rows read val/acc, as every row does: PreciseBN recalibrates at epoch "
+            "ends, and by the next evaluation the running statistics' EMA has replaced what it "
+            f"set, so these rows measure BN trained beside it: {same} of their {total} "
+            "evaluations equal their seed's bn run exactly. table-fixes reads the evaluations "
+            "just after each recalibration (C8). Reading val/acc_precise here would be a rule "
+            "change after the data were seen; it is not made.", ""]
+
+
+def states_in_words(by: rules.Rules = RULES) -> str:
+    """The states in plain words, with the two readings a reader trips on (the rules, as data,
+    are below the page's table in rules.yaml)."""
+    return (f"States: **recovers**: the fix ends within {by['recovers_gap']:g} points of the "
+            f"1 x 8 reference, and its interval rules out losing {by['recovers_interval']:g} or "
+            "more. **partly**: clearly better than bn (its gain's interval above 0) and clearly "
+            "short of the reference (its gap's interval above 0). **no better**: its gain's "
+            "interval reaches 0 (the seeds cannot tell it from bn), or it diverged where the "
+            "reference did not. **unclear**: anything else, or fewer than "
+            f"{by['min_seeds']} seed pairs. Two readings follow from these: a fix can be "
+            "unclear above a weaker one that is partly, where its gap is small but its interval "
+            f"reaches below 0 and above {by['recovers_interval']:g} points (it may recover "
+            "fully or not: the seeds cannot say); and a share interval above 0 can sit beside "
+            "no better, because the share's interval (a bootstrap over seeds, shown) is not "
+            "what the state reads: the state reads the gain's t interval over the paired seeds, "
+            "which is wider with 5 seeds.")
+
+
+def beside_others() -> str:
+    """Where this table's answer sits beside the README's other GroupNorm numbers: table-fixes
+    ran gn at its own rate and length, make demo trains this table's second input."""
+    raw = yaml.safe_load((EXPERIMENTS / "fixes" / "sweep.yaml").read_text())
+    gn = next(c for c in raw["cells"] if c.get("fix") == "gn")
+    rate, here = gn["lr"], float(reference("")[-1].split("=")[1])
+    groups = next((o.split("=")[1] for o in gn["overrides"] if o.startswith("norm.groups=")),
+                  "32")
+    return (f"Beside the other tables: table-fixes (the README's finding 4) measured GroupNorm "
+            f"({groups} groups) on resnet20 at lr {rate:g}, 1/{here / rate:g} of the rate here, "
+            "over 20 epochs "
+            "with bn at that same rate; here each fix runs at the rate its own held-out pilot "
+            "chose, over 10 epochs (table-converge trains them 4x longer), so the two rank "
+            "GroupNorm on different protocols. `make demo` trains torchvision resnet18 at 32 "
+            "px, this table's second input, where BN normalizes 2 values per channel per rank.")
+
+
+def ranked(p: dict) -> str:
+    """One input's ranking in a clause: each fix that does better than bn, best first, with the
+    share of bn's loss it gets back and its interval, then the fixes ruled no better."""
+    fixes = sorted(p["fixes"].values(), key=lambda e: -e["gain"])
+    better = [e for e in fixes if e["state"] != "no better"]
+    worse = [e["name"] for e in fixes if e["state"] == "no better"]
+    parts = []
+    for i, e in enumerate(better):
+        if e.get("share") is None or e.get("lo") is None:
+            parts.append(said(e))
+        elif i == 0:
+            parts.append(f"{e['name']} gets back {100 * e['share']:.0f}% of BN's loss (95% CI "
+                         f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f})")
+        else:
+            parts.append(f"{e['name']} {100 * e['share']:.0f}% ({100 * e['lo']:.0f} to "
+                         f"{100 * e['hi']:.0f})")
+    free = [f for f in p["fixes"] if f in COMMUNICATION_FREE]
+    if not better:
+        tail = "no fix beats BN"
+    elif free and all(p["fixes"][f]["state"] == "no better" for f in free):
+        tail = "no fix without per-step communication beats BN"
+    else:
+        tail = (f"{', '.join(worse)} do{'es' * (len(worse) == 1)} no better than BN"
+                if worse else "")
+    head = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)
+    return "; ".join(x for x in (head, tail) if x)
+
+
+def best_two(p: dict, first: bool = True) -> str:
+    """One input's answer in a clause short enough to sit beside another's: its best fix with
+    the share of BN's loss it gets back (`first`: in full words, else as a bare share), then
+    the best without per-step communication, or that none beats BN."""
+    def share(e: dict, words: bool) -> str:
+        if e.get("share") is None or e.get("lo") is None:
+            return said(e)
+        ci = f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f}"
+        name = SHORT.get(e["fix"], e["name"])
+        return (f"{name} gets back {100 * e['share']:.0f}% of BN's loss (95% CI {ci})"
+                if words else f"{name} {100 * e['share']:.0f}% ({ci})")
+
+    best, free = p["best"], p.get("best_free")
+    if best["state"] == "no better":
+        return "no fix beats BN"
+    if free is not None and free["fix"] == best["fix"]:
+        return share(best, first)
+    tail = ("none without cross-GPU communication does"
+            if free is None or free["state"] == "no better" else
+            f"without cross-GPU communication {share(free, False)}")
+    return f"{share(best, first)}, {tail}"
+
+
+def finding(data: Recover) -> list[Finding]:
+    """What to use instead of BN at 4 x 2 in one sentence: on the first input alone, every fix
+    that does better than bn and those ruled no better;
+    once both inputs are measured, each input (with its values per channel at the break) by
+    its best fix and its best without per-step communication, within the README's word
+    budget; none until the first input has every seed."""
+    done = {inp: p for inp in INPUTS if (p := picks(data, inp)) is not None}
+    if FIRST not in done:
+        return []
+    if len(done) == 1:  # it names its input; the page says which are to come
+        text = f"At 4 x 2 on {FIRST}, {ranked(done[FIRST])}"
+    else:
+        text = "At 4 x 2, " + "; ".join(
+            f"on {inp.replace(' 32 px', ' at 32 px')}"
+            + (f" ({p['values']} values{' per channel' * (i == 0)})" if p.get("values") else "")
+            + f" {best_two(p, i == 0)}" for i, (inp, p) in enumerate(done.items()))
+    return [Finding(text + ".", "recover", rules.mark(RULES), rank=2, after=reconciled())]
+
+
+def reconciled() -> str:
+    """Why this table's GroupNorm on resnet20 and table-fixes' (the README's finding 4) read
+    differently, and where the longer runs stand, in plain words."""
+    raw = yaml.safe_load((EXPERIMENTS / "fixes" / "sweep.yaml").read_text())
+    gn = next(c for c in raw["cells"] if c.get("fix") == "gn")
+    epochs = next((int(o.split("=")[1]) for o in gn["overrides"] if o.startswith("epochs=")),
+                  yaml.safe_load((CONFIGS / "experiment" / f"{raw['experiment']}.yaml")
+                                 .read_text())["epochs"])  # its protocol's length
+    here = float(reference("")[-1].split("=")[1])
+    return (f"Findings 2 and 4 rank GroupNorm on resnet20 differently because their protocols "
+            f"differ. Finding 4 trains {epochs} epochs at 1/{here / gn['lr']:g} of the default "
+            f"rate, BN at that same rate; finding 2 trains 10 epochs, each fix at the rate its "
+            "own held-out pilot chose. Whether finding 2's ranking holds 4x longer is "
+            "table-converge's question.")
