@@ -43,3 +43,23 @@ def test_text_problems_finds_overlapping_ticks_and_text_off_the_canvas():
     fig.tight_layout()
     assert text_problems(fig) == []
     plt.close(fig)
+
+
+def test_labels_drawn_over_each_other_fail_the_report(tmp_path, capsys):
+    """Text drawn on an axes over other such text is a problem, and a report whose figure has
+    one exits 1 (after writing it), naming the figure."""
+    from bnlab.lab import figures, make, table
+
+    def plot(data, path):
+        fig, ax = figures.plt.subplots()
+        ax.text(0.5, 0.5, "BN 1.39x", transform=ax.transAxes)
+        ax.text(0.5, 0.5, "SyncBN", transform=ax.transAxes)  # over the first
+        figures.save(fig, path, "a figure")
+
+    t = table.Table("overdrawn", ("X1",), lambda ctx: None, lambda d: "page", lambda d: [],
+                    plot, spec=tmp_path / "none.yaml", block="x")
+    code = make.main({"overdrawn": t}, ["overdrawn", "--report", "--experiments",
+                                        str(tmp_path / "exp")])
+    err = capsys.readouterr().err
+    assert code == 1 and "overlaps" in err and "1 figure text problem" in err
+    assert (tmp_path / "exp" / "overdrawn" / "overdrawn.png").is_file()  # written all the same
