@@ -128,12 +128,12 @@ def write_json(path: Path, verdicts: list[Verdict], status: str,
 
 
 # the words the findings use, defined before the first of them
-TERMS = ("Terms: 4 x 2 is 4 ranks (GPUs) of 2 images each; an input, a model at an image size. "
+TERMS = ("Terms: 4 x 2: 4 ranks (GPUs) of 2 images each. Input: a model at an image size. "
          "Plateau: the second half of training. Jitter: how far val accuracy moves between "
-         "evaluations, trend removed (points); steady: jitter near the test set's noise floor. "
-         "Values per channel: what a BN layer averages per channel on one rank. Share of BN's "
-         "loss: the part lost against 1 x 8 that a fix wins back. Default rate: "
-         f"{default_rate():g} at 4 x 2. †: a rule written after its data were seen.")
+         "evaluations, trend removed (points); steady: near the test set's noise floor. Values "
+         "per channel: what a BN layer averages per channel on one rank. Share of BN's loss: "
+         f"what a fix wins back of it. Default rate: {default_rate():g} at 4 x 2. WS: Weight "
+         "Standardization. †: a rule written after its data were seen.")
 
 
 def write_headline(path: Path, figures: list[str], verdicts: list[Verdict], status: str,

@@ -127,7 +127,7 @@ def test_the_finding_says_when_no_fix_without_communication_does_better(monkeypa
     other["syncbn"] = entry("syncbn", "recovers", 9.5)
     by_input["resnet18 32 px"]["best"] = other["syncbn"]
     assert recover.finding(None)[0].text.endswith(
-        "on resnet18 at 32 px (2 values) SyncBN 95% (85 to 105), without cross-GPU communication "
+        "on resnet18 at 32 px (2 values) SyncBN 95% (85 to 105), communication-free "
         "GroupNorm 90% (80 to 100).")
     fixes["syncbn"] = entry("syncbn", "no better", 0.2)
     by_input["resnet20"]["best"] = fixes["syncbn"]

@@ -38,7 +38,7 @@ def bn_at_the_break(model: str) -> list[str]:
 # no per-step communication (PreciseBN all-reduces once per recalibration)
 COMMUNICATION_FREE = ("gn", "gnws", "ln", "evonorm", "brn", "precise", "frozen_bn")
 # the README's two-input finding, within its word budget, names SyncBN as the claims do
-SHORT = {"syncbn": "SyncBN", "syncbn2": "SyncBN in pairs of ranks"}
+SHORT = {"syncbn": "SyncBN", "syncbn2": "SyncBN in pairs of ranks", "gnws": "GroupNorm+WS"}
 # each fix as the finding, the doctor and the page's legend name it, with its spec name
 NAMES = {"syncbn": "SyncBN over all 4 ranks", "syncbn2": "SyncBN in groups of 2 ranks",
          "gn": "GroupNorm", "gnws": "GroupNorm + Weight Standardization", "ln": "LayerNorm",

@@ -142,7 +142,7 @@ def best_two(p: dict, first: bool = True) -> str:
         return share(best, first)
     tail = ("none without cross-GPU communication does"
             if free is None or free["state"] == "no better" else
-            f"without cross-GPU communication {share(free, False)}")
+            f"communication-free {share(free, False)}")
     return f"{share(best, first)}, {tail}"
 
 
