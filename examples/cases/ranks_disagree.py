@@ -66,16 +66,17 @@ def say_and_fix(model: nn.Module, r: int, fix, named: str) -> None:
     dist.destroy_process_group()
 
 
-def run(rank_fn) -> None:
-    """`rank_fn(r, store_path)` on WORLD gloo ranks, each after joining the process group."""
+def run(rank_fn, world: int = WORLD) -> None:
+    """`rank_fn(r)` on `world` gloo ranks, each after joining the process group (every case's
+    spawn)."""
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_joined, args=(rank_fn, os.path.join(tmp, "store")), nprocs=WORLD)
+        mp.spawn(_joined, args=(rank_fn, os.path.join(tmp, "store"), world), nprocs=world)
 
 
-def _joined(r: int, rank_fn, store_path: str) -> None:
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD), rank=r,
-                            world_size=WORLD)
+def _joined(r: int, rank_fn, store_path: str, world: int) -> None:
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=r,
+                            world_size=world)
     rank_fn(r)
 
 

@@ -17,14 +17,12 @@ lines: `symptom: ...`, `bnlab: ...`, `fixed: ...`.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import warnings
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
+from ranks_disagree import run  # the cases' one spawn
 
 import bnlab
 from bnlab.errors import BnlabError
@@ -37,9 +35,7 @@ def images(rank: int) -> torch.Tensor:
     return torch.randn(2, 4, 5, 5, generator=g) + 2.0 * rank  # each rank's 2 images
 
 
-def rank(r: int, store_path: str) -> None:
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD), rank=r,
-                            world_size=WORLD)
+def rank(r: int) -> None:
     groups = [dist.new_group(list(range(k, k + GROUP))) for k in range(0, WORLD, GROUP)]
     wrong = groups[0]  # the mistake: every rank passes the first group
     size = dist.get_world_size(wrong)
@@ -75,6 +71,4 @@ def rank(r: int, store_path: str) -> None:
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(rank, args=(os.path.join(tmp, "store"),), nprocs=WORLD)
+    run(rank, WORLD)

@@ -16,13 +16,10 @@ batch, counts weighted, and running with an empty rank. Its last lines: `symptom
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
+from ranks_disagree import run  # the cases' one spawn
 
 import bnlab
 
@@ -40,9 +37,7 @@ def gathered(t: torch.Tensor) -> list[torch.Tensor]:
     return every
 
 
-def rank(r: int, store_path: str) -> None:
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD), rank=r,
-                            world_size=WORLD)
+def rank(r: int) -> None:
     x = images(SIZES[r], r)
     union = torch.cat([images(n, i) for i, n in enumerate(SIZES)])
     ref = nn.BatchNorm2d(4, momentum=None)(union)  # BatchNorm on the concatenated batch
@@ -69,6 +64,4 @@ def rank(r: int, store_path: str) -> None:
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(rank, args=(os.path.join(tmp, "store"),), nprocs=WORLD)
+    run(rank, WORLD)
