@@ -1,9 +1,10 @@
 """What bnlab measured about the fixes at the break, for the doctor's fix lines: read from
 bnlab/measured/advice.json, inside the package (an installed wheel carries it), which `make
 table-recover` writes from its runs, one entry per input once its cells have their seeds
-(bnlab/claims/recover/). A line cites the measured input nearest to the user's model in
-values per channel per rank at its smallest BN layer, names it, and says where another input
-ranks the fix differently. Nothing here types a result.
+(bnlab/claims/recover/), and bnlab/measured/converge.json, which `make table-converge` writes
+from its runs 4x longer on one input. A line cites the measured input nearest to the user's
+model in values per channel per rank at its smallest BN layer, names it, and says where
+another input, or the longer runs, rank the fix differently. Nothing here types a result.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import math
 from bnlab.paths import MEASURED
 
 ADVICE = MEASURED / "advice.json"
+LONGER = MEASURED / "converge.json"  # one input trained 4x longer, as an advice.json input
 TABLE = "make table-recover: experiments/recover/table.md in bnlab's repository"
+# no per-step communication (PreciseBN all-reduces once per recalibration), as table-recover
+FREE = ("gn", "gnws", "ln", "evonorm", "brn", "precise", "frozen_bn")
 FAR = 2.0  # log2: an input with over 4x more (or fewer) values per channel is said to be far
 
 
@@ -35,15 +39,33 @@ def said(entry: dict) -> str:
             f"{f' ({ci})' if ci else ''}: {entry['state']}")
 
 
+def _json(path) -> dict | None:
+    try:
+        got = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return got if isinstance(got, dict) else None
+
+
+def longer() -> dict | None:
+    """converge.json's entry ({input, epochs, where, fixes}), or None where it is missing or
+    unreadable."""
+    got = _json(LONGER)
+    return got if got is not None and isinstance(got.get("fixes"), dict) and \
+        got.get("epochs") else None
+
+
+def at_length(entry: dict) -> str:
+    """'on resnet20 trained 40 epochs'."""
+    return f"on {entry['input']} trained {entry['epochs']} epochs"
+
+
 def read() -> list[dict]:
     """Every measured input's entry in advice.json ({input, values, where, best, best_free,
     fixes}); [] where it is missing or unreadable. A file of one input's entry (as written
     before entries were per input) reads as that input."""
-    try:
-        advice = json.loads(ADVICE.read_text())
-    except (OSError, ValueError):
-        return []
-    if not isinstance(advice, dict):
+    advice = _json(ADVICE)
+    if advice is None:
         return []
     if "inputs" in advice:
         return [e for e in advice["inputs"] if isinstance(e, dict) and "where" in e]
@@ -98,7 +120,18 @@ def measured(fix: str, values: int | None = None) -> str:
     state = here["fixes"][fix]["state"]
     return (f"; table-recover at {cited(here, values)}: {said(here['fixes'][fix])}"
             + elsewhere(others, lambda o: o["fixes"][fix]["state"] != state,
-                        lambda o: said(o["fixes"][fix])))
+                        lambda o: said(o["fixes"][fix])) + lengthwise(fix, entries))
+
+
+def lengthwise(fix: str, entries: list[dict]) -> str:
+    """'; on resnet20 trained 40 epochs it differs: ...' where the longer runs give `fix`
+    another state than table-recover did on the same input; empty otherwise."""
+    long = longer()
+    ten = next((e for e in entries if long and e["input"] == long["input"]), None)
+    if ten is None or fix not in long["fixes"] or fix not in ten["fixes"] or \
+            long["fixes"][fix]["state"] == ten["fixes"][fix]["state"]:
+        return ""
+    return f"; {at_length(long)} it differs: {said(long['fixes'][fix])}"
 
 
 def groups(fix: str, values: int | None = None) -> int | None:
@@ -132,4 +165,23 @@ def without_communication(options: str = "the lines below are options",
             (here["best_free"]["fix"], here["best_free"]["state"] == "no better")
 
     return (f"without per-step communication, at {cited(here, values)}: {_free_line(here)}"
-            + elsewhere(others, differs, _free_line) + f" ({TABLE})")
+            + elsewhere(others, differs, _free_line) + free_lengthwise(entries) + f" ({TABLE})")
+
+
+def free_lengthwise(entries: list[dict]) -> str:
+    """'; on resnet20 trained 40 epochs it differs: ...' where, among the fixes without per-step
+    communication that both lengths trained, the longer runs' best is another fix, or beats BN
+    where the shorter's did not (or the reverse); empty otherwise."""
+    long = longer()
+    ten = next((e for e in entries if long and e["input"] == long["input"]), None)
+    if ten is None:
+        return ""
+    free = [f for f in long["fixes"] if f in ten["fixes"] and f in FREE]
+    if not free:
+        return ""
+    best = {n: max((e["fixes"][f] for f in free), key=lambda x: x["gain"])
+            for n, e in (("ten", ten), ("long", long))}
+    if (best["ten"]["fix"], best["ten"]["state"] == "no better") == \
+            (best["long"]["fix"], best["long"]["state"] == "no better"):
+        return ""
+    return f"; {at_length(long)} it differs: {_free_line({'best_free': best['long']})}"

@@ -201,6 +201,7 @@ def test_the_fix_line_names_the_smallest_group_of_8_samples_and_cites_table_reco
     from bnlab import advice
 
     monkeypatch.setattr(advice, "ADVICE", tmp_path / "advice.json")
+    monkeypatch.setattr(advice, "LONGER", tmp_path / "converge.json")  # none yet
     code, r = _json(capsys, "--model", "torchvision:resnet18", "--input", "3x32x32",
                     "--world", "4", "--batch-per-rank", "2")
     assert code == 1
@@ -265,6 +266,7 @@ def test_the_fix_lines_cite_the_measured_input_nearest_in_values_per_channel(
     from bnlab import advice
 
     monkeypatch.setattr(advice, "ADVICE", tmp_path / "advice.json")
+    monkeypatch.setattr(advice, "LONGER", tmp_path / "converge.json")  # none yet
     _two_inputs(tmp_path / "advice.json")
     _, r = _json(capsys, "--model", "torchvision:resnet18", "--input", "3x32x32",
                  "--world", "4", "--batch-per-rank", "2")
@@ -285,6 +287,34 @@ def test_the_fix_lines_cite_the_measured_input_nearest_in_values_per_channel(
         "channel per rank at its smallest BN layer, the measured input nearest to this model's "
         "98): none did better than BN")
     assert "on torchvision resnet18 at 32 px (2 values) it differs: GroupNorm (gn)" in free
+
+
+def test_the_fix_lines_say_where_the_longer_runs_rank_a_fix_otherwise(
+        capsys, tmp_path, monkeypatch):
+    """converge.json (table-converge: resnet20 trained 40 epochs): where a fix's state there
+    differs from table-recover's on resnet20, its line says so, named; where it agrees, nothing
+    is added."""
+    from bnlab import advice
+
+    monkeypatch.setattr(advice, "ADVICE", tmp_path / "advice.json")
+    monkeypatch.setattr(advice, "LONGER", tmp_path / "converge.json")
+    _two_inputs(tmp_path / "advice.json")
+    gn = {"fix": "gn", "name": "GroupNorm", "state": "partly", "gain": 3.0, "share": 0.4,
+          "lo": 0.2, "hi": 0.6}
+    (tmp_path / "converge.json").write_text(json.dumps({
+        "input": "resnet20", "epochs": 40, "fixes": {"gn": gn}}))
+    _, r = _json(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
+                 "--world", "8", "--batch-per-rank", "2")
+    free, line = r["recommendations"][1], r["recommendations"][2]
+    assert ("; on resnet20 trained 40 epochs it differs: GroupNorm (gn) gets back 40% of BN's "
+            "loss (95% CI 20 to 60): partly (make table-recover") in free
+    assert line.endswith("; on resnet20 trained 40 epochs it differs: GroupNorm (gn) gets back "
+                         "40% of BN's loss (95% CI 20 to 60): partly")
+    (tmp_path / "converge.json").write_text(json.dumps({
+        "input": "resnet20", "epochs": 40, "fixes": {"gn": {**gn, "state": "no better"}}}))
+    _, r = _json(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
+                 "--world", "8", "--batch-per-rank", "2")
+    assert "40 epochs" not in r["recommendations"][2]
 
 
 def test_where_no_sync_group_reaches_8_samples_the_line_says_so(capsys):

@@ -12,7 +12,9 @@ The rules are data in experiments/converge/rules.yaml, committed before any of i
 table-recover's states and thresholds (bnlab/claims/recover/ measures both tables) at 3
 seeds, and the ranking's answer. Length and schedule both differ from table-recover's
 (10 epochs, constant rate): a changed ranking says the protocol matters, not which of the two
-changes made it. Writes experiments/converge/{table.md, converge.png}.
+changes made it. Writes experiments/converge/{table.md, converge.png}, the README's finding 2
+its line on length, and bnlab/measured/converge.json (the doctor says where the longer runs
+rank a fix otherwise than table-recover's advice.json).
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from bnlab.errors import BnlabError
 from bnlab.lab import page, rules, table
 from bnlab.lab.figures import nothing_yet, plt, save
 from bnlab.lab.results import CellResult, fmt
-from bnlab.lab.table import RunsData, Verdict
-from bnlab.paths import EXPERIMENTS
+from bnlab.lab.table import Finding, RunsData, Verdict
+from bnlab.paths import EXPERIMENTS, MEASURED
 
 RULES = rules.read("converge")
 SPEC = EXPERIMENTS / "converge" / "sweep.yaml"
@@ -218,8 +220,103 @@ def plot(data: Converge, path: Path) -> None:
     save(fig, path, "Does the ranking hold 4x longer? (resnet20, 4 ranks x 2)")
 
 
+# ----------------------------------------------------------------------------------------
+# What the doctor and the README read
+
+
+def measured(data: Converge) -> dict | None:
+    """resnet20 at 40 epochs as advice.json holds an input ({input, values, where, epochs,
+    fixes}, each fix as table-recover's entry()); None until every cell has its seeds."""
+    if data.runs is None:
+        return None
+    fixes = {}
+    for fix in FIXES:
+        c = recover.by_fix(data.runs, fix, INPUT)
+        m = None if c is None else recover.measure(data.runs, c, RULES)
+        if m is None:
+            return None
+        fixes[fix] = recover.entry(fix, c, m)
+    bn = recover.by_fix(data.runs, "bn", INPUT)
+    return {"input": INPUT, "epochs": EPOCHS, "bn_breaks": recover.measure(
+                data.runs, bn, RULES)["bn_breaks"],
+            "where": f"4 ranks x 2 on {INPUT} (CIFAR-10) trained {EPOCHS} epochs (cosine)",
+            "fixes": fixes}
+
+
+def measured_path(out: Path) -> Path:
+    """As table-recover's advice.json: into the package when built into experiments/converge,
+    else beside the table."""
+    return MEASURED / "converge.json" if out.resolve() == (EXPERIMENTS / "converge").resolve() \
+        else out / "converge.json"
+
+
+def write_measured(data: Converge, out: Path) -> None:
+    """converge.json for the doctor (bnlab.advice.longer); removed while runs are to come."""
+    path, got = measured_path(out), measured(data)
+    if got is None:
+        path.unlink(missing_ok=True)
+    else:
+        table.save_results(path, got)
+
+
+def share_words(e: dict, first: bool) -> str:
+    """'SyncBN gets back 95% of BN's loss (95% CI 80 to 110)' (`first`), else 'SyncBN 95% (80
+    to 110)'; its state where it has no share."""
+    name = recover.SHORT.get(e["fix"], e["name"])
+    if e.get("share") is None or e.get("lo") is None:
+        return f"{name} {e['state']}"
+    ci = f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f}"
+    return (f"{name} gets back {100 * e['share']:.0f}% of BN's loss (95% CI {ci})" if first
+            else f"{name} {100 * e['share']:.0f}% ({ci})")
+
+
+def finding(data: Converge) -> list[Finding]:
+    """The README's finding 2 on length, set under it (`extends`): at 40 epochs, each fix that
+    does better than bn with its share, those no better, and whether the ranking held; a line
+    saying its runs are to come until they have ended."""
+    head = f"Trained 4x longer on {INPUT} ({EPOCHS} epochs, cosine)"
+    got = measured(data)
+    if data.runs is None or got is None:
+        return [Finding(f"{head}: runs still to come.", "converge", rules.mark(RULES),
+                        rank=2, extends="recover")]
+    answer, _ = ranking(data)
+    if not got["bn_breaks"]:
+        text = f"{head}, BN at 4 x 2 no longer breaks, so no share of its loss is read"
+    else:
+        fixes = sorted(got["fixes"].values(), key=lambda e: -e["gain"])
+        better = [e for e in fixes if e["state"] != "no better"]
+        worse = [recover.SHORT.get(e["fix"], e["name"]) for e in fixes
+                 if e["state"] == "no better"]
+        parts = [share_words(e, i == 0) for i, e in enumerate(better)]
+        if worse:
+            parts.append(f"{' and '.join(worse)} no better than BN")
+        text = f"{head}, " + (", ".join(parts[:-1]) + " and " + parts[-1]
+                              if len(parts) > 1 else "".join(parts) or "no fix beats BN")
+    return [Finding(f"{text}; {held(data, answer)}.", "converge", rules.mark(RULES), rank=2,
+                    extends="recover")]
+
+
+def held(data: Converge, answer: str) -> str:
+    """The ranking's answer in words: each fix's state as at 10 epochs, or the 10-epoch state
+    of each fix whose state changed."""
+    if answer == "holds":
+        return "each fix's state is as at 10 epochs"
+    if not answer.startswith("changes"):
+        return "whether each fix's state is as at 10 epochs is undecided (one is unclear)"
+    was = []
+    for fix in FIXES:
+        m10, m40 = at_ten(data, fix), recover.measure(
+            data.runs, recover.by_fix(data.runs, fix, INPUT), RULES)
+        if m10["state"] != m40["state"]:
+            name = recover.SHORT.get(fix, recover.NAMES.get(fix, fix))
+            was.append(f"{name} {'was ' * (not was)}{m10['state']}")
+    return "at 10 epochs, " + ", ".join(was[:-1]) + (" and " if len(was) > 1 else "") + \
+        was[-1]
+
+
 def verdicts(data: Converge) -> list[Verdict]:
     return []  # a ranking of fixes at another length, stated on its page
 
 
-TABLE = table.Table("converge", (), load, render, verdicts, plot, block="recover")
+TABLE = table.Table("converge", (), load, render, verdicts, plot, block="recover",
+                    finding=finding, also=write_measured)

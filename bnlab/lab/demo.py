@@ -140,8 +140,9 @@ def found() -> list[str]:
     try:
         h = json.loads(HEADLINE.read_text())
         mark = " (sweeps still running)" if h["preliminary"] else ""
-        lines = [f"{i}. {f['text']} (`make table-{f['table']}`)"
-                 for i, f in enumerate(h["findings"], 1)]
+        lines = [x for i, f in enumerate(h["findings"], 1) for x in (
+            f"{i}. {f['text']} (`make table-{f['table']}`)",
+            *(f"   - {u['text']} (`make table-{u['table']}`)" for u in f.get("under", [])))]
     except (OSError, ValueError, KeyError, TypeError):
         return []
     return lines + [f"\nFrom `make report` on the CIFAR-10 runs in experiments/runs{mark}; "

@@ -11,7 +11,7 @@ from bnlab.errors import BnlabError
 from bnlab.lab import rules
 from bnlab.lab.page import budget_line, default_rate
 from bnlab.lab.results import wall_minutes
-from bnlab.lab.table import Finding, RunsData, Table, Verdict, claim_order, complete
+from bnlab.lab.table import Finding, RunsData, Table, Verdict, claim_order, complete, nested
 from bnlab.paths import EXPERIMENTS, ROOT, RUNS, shown
 
 
@@ -100,8 +100,8 @@ def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]],
     if any(t.headline for t, _ in built) and \
             readme.resolve() == (EXPERIMENTS / "README.md").resolve() and \
             all(d.root.resolve() == RUNS.resolve() for d in sweeps):  # the committed runs
-        found = sorted((f for t, d in (every or built) if t.finding for f in t.finding(d)),
-                       key=lambda f: f.rank)[:FINDINGS]  # each read once, every table built
+        found = nested(sorted((f for t, d in (every or built) if t.finding
+                               for f in t.finding(d)), key=lambda f: f.rank))[:FINDINGS]
         marks = {v.claim: rules.mark(rules.read(t.rules)) for t, v in ruled if t.rules}
         write_headline(ROOT / "README.md", figures, verdicts, status, tuple(found), marks)
         write_json(HEADLINE, verdicts, status, tuple(found))
@@ -122,7 +122,9 @@ def write_json(path: Path, verdicts: list[Verdict], status: str,
         "preliminary": bool(status),
         "verdicts": [{"claim": v.claim, "claimed": v.claimed, "ours": v.short,
                       "verdict": v.verdict, "final": v.final} for v in verdicts],
-        "findings": [{"text": f.text, "table": f.table} for f in findings]}, indent=1,
+        "findings": [{"text": f.text, "table": f.table,
+                      "under": [{"text": u.text, "table": u.table} for u in f.under]}
+                     for f in findings]}, indent=1,
         ensure_ascii=False) + "\n")
     tmp.replace(path)
 

@@ -13,7 +13,7 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +64,23 @@ class Finding:
     rank: int = 9
     # a plain sentence set under the list, where this finding and another read differently
     after: str = ""
+    # another table's name: this sentence is set under that table's finding, as one of its
+    # parts (a second table answering the same question on another protocol), not numbered
+    extends: str = ""
+    under: tuple[Finding, ...] = ()  # the sentences set under it (nested() fills them)
 
     def line(self) -> str:
-        """The README's form: the sentence, its table linked, its mark."""
-        return (f"{self.text} ([table-{self.table}](experiments/{self.table}/table.md))"
-                f"{self.mark}")
+        """The README's form: the sentence, its table linked, its mark; those set under it
+        indented below, one a line."""
+        return "\n".join([f"{self.text} ([table-{self.table}](experiments/{self.table}/"
+                          f"table.md)){self.mark}", *(f"   - {u.line()}" for u in self.under)])
+
+
+def nested(findings: list[Finding]) -> list[Finding]:
+    """The findings with each one that `extends` another table's set under that table's
+    finding (dropped where that table has none), in order."""
+    return [replace(f, under=f.under + tuple(u for u in findings if u.extends == f.table))
+            for f in findings if not f.extends]
 
 
 def complete(*cells) -> bool:

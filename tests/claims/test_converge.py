@@ -4,6 +4,8 @@ choices."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from test_recover import data
 
@@ -67,3 +69,35 @@ def test_without_its_spec_the_page_says_what_it_waits_for():
     assert "Not run yet: its spec is written later." in text
     assert "The ranking: the ranking holds where every fix" in text
     assert recover.COMMUNICATION_FREE.count("gnws") == 1 and "gnws" in recover.NAMES
+
+
+def test_its_finding_sits_under_table_recovers_and_names_what_changed(tmp_path):
+    ten = data(tmp_path / "ten", TEN)
+    forty = data(tmp_path / "forty", {**TEN, "gn": 55.0}, seeds=3, epochs=40)
+    d = converge.Converge(forty, ten)
+    (f,) = converge.finding(d)
+    assert f.extends == "recover" and f.table == "converge"
+    assert f.text.startswith("Trained 4x longer on resnet20 (40 epochs, cosine), SyncBN gets "
+                             "back 98% of BN's loss (95% CI")
+    assert "GroupNorm 50% (" in f.text and "EvoNorm-S0 no better than BN" in f.text
+    assert f.text.endswith("; at 10 epochs, GroupNorm was no better.")
+    same = converge.Converge(data(tmp_path / "same", TEN, seeds=3, epochs=40), ten)
+    assert converge.finding(same)[0].text.endswith("; each fix's state is as at 10 epochs.")
+    short = data(tmp_path / "short", TEN, seeds=3, missing="gnws", epochs=40)
+    assert converge.finding(converge.Converge(short, ten))[0].text == \
+        "Trained 4x longer on resnet20 (40 epochs, cosine): runs still to come."
+    assert converge.measured(converge.Converge(short, ten)) is None
+
+
+def test_converge_json_holds_each_fix_as_advice_json_does(tmp_path):
+    ten = data(tmp_path / "ten", TEN)
+    d = converge.Converge(data(tmp_path / "forty", {**TEN, "gn": 55.0}, seeds=3, epochs=40), ten)
+    assert converge.measured_path(tmp_path) == tmp_path / "converge.json"  # built elsewhere
+    converge.write_measured(d, tmp_path)
+    got = json.loads((tmp_path / "converge.json").read_text())
+    assert got["input"] == "resnet20" and got["epochs"] == 40 and got["bn_breaks"]
+    assert set(got["fixes"]) == set(converge.FIXES)
+    assert got["fixes"]["gn"]["state"] == "partly" and got["fixes"]["gn"]["name"] == "GroupNorm"
+    assert got["fixes"]["gn"]["share"] == pytest.approx(0.5, abs=0.05)
+    converge.write_measured(converge.Converge(None, ten), tmp_path)  # runs to come: removed
+    assert not (tmp_path / "converge.json").exists()

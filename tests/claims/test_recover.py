@@ -124,6 +124,12 @@ def test_the_finding_says_when_no_fix_without_communication_does_better(monkeypa
         "At 4 x 2, on resnet20 (128 values per channel) SyncBN gets back 80% of BN's loss (95% "
         "CI 70 to 90), none without cross-GPU communication does; on resnet18 at 32 px (2 values) "
         "GroupNorm 90% (80 to 100).")
+    after = recover.finding(None)[0].after  # one story: findings 4 and the demo beside it
+    assert after.startswith("Plain GroupNorm on resnet20 ends 4.0 points below BN in finding "
+                            "2's table but above BN in finding 4, which trains 20 epochs at "
+                            "1/16 of the default rate")
+    assert after.endswith("`make demo` trains torchvision resnet18 at 32 px, finding 2's second "
+                          "input, where plain GroupNorm gets back 90% of BN's loss.")
     other["syncbn"] = entry("syncbn", "recovers", 9.5)
     by_input["resnet18 32 px"]["best"] = other["syncbn"]
     assert recover.finding(None)[0].text.endswith(

@@ -471,6 +471,24 @@ def test_the_readme_s_first_screen_shows_each_verdict_in_a_few_words(tmp_path):
     assert not any(v.ours in text for v in vs if v.ours != v.glance)  # the statistics: one deeper
 
 
+def test_a_finding_that_extends_another_tables_is_set_under_it(tmp_path):
+    from bnlab.lab.readme import write_headline
+    from bnlab.lab.table import nested
+
+    found = nested([Finding("Fix A at 10.", "recover", rank=2),
+                    Finding("Longer: fix A.", "converge", rank=2, extends="recover"),
+                    Finding("BN breaks.", "values", rank=1),
+                    Finding("Orphan.", "other", rank=3, extends="absent")])
+    assert [f.table for f in found] == ["recover", "values"]  # one without its table: dropped
+    assert [u.text for u in found[0].under] == ["Longer: fix A."]
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- headline:begin -->\n<!-- headline:end -->\n")
+    write_headline(readme, [], [], "", tuple(found))
+    assert ("\n1. Fix A at 10. ([table-recover](experiments/recover/table.md))\n   - Longer: "
+            "fix A. ([table-converge](experiments/converge/table.md))\n2. BN breaks.") \
+        in readme.read_text()
+
+
 LAYOUTS = {"resnet18 32 px": (1, (2, 4, 8)), "resnet18 64 px": (4, (1, 2, 4, 8)),
            "resnet20": (64, (2, 4, 8))}   # map area at the smallest BN layer, images per rank
 

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from bnlab.advice import FREE
 from bnlab.errors import BnlabError
 from bnlab.lab import judge, rules, table
 from bnlab.lab.results import CellResult
@@ -35,8 +36,7 @@ def bn_at_the_break(model: str) -> list[str]:
     return [model, "norm=bn", "dist.simulate=4", "batch_per_gpu=2", "epochs=10",
             "optim.lr=0.00625"]
 
-# no per-step communication (PreciseBN all-reduces once per recalibration)
-COMMUNICATION_FREE = ("gn", "gnws", "ln", "evonorm", "brn", "precise", "frozen_bn")
+COMMUNICATION_FREE = FREE  # no per-step communication (bnlab.advice, which the doctor reads)
 # the README's two-input finding, within its word budget, names SyncBN as the claims do
 SHORT = {"syncbn": "SyncBN", "syncbn2": "SyncBN in pairs of ranks", "gnws": "GroupNorm+WS"}
 # each fix as the finding, the doctor and the page's legend name it, with its spec name
@@ -199,6 +199,16 @@ def values_at_the_break(data: Recover, inp: str) -> int | None:
     return min(counts) if counts else None
 
 
+def entry(fix: str, c: CellResult, m: dict) -> dict:
+    """`fix`, measured on cell `c` (a superseded cell stands in for its fix), as advice.json
+    holds it: {fix, name, state, gain, groups, share, lo, hi}, the share where bn breaks
+    (table-converge's file holds the same form)."""
+    return {"fix": fix, "name": name(c), "state": m["state"],
+            "gain": m["gain"]["gap"], **groups_of(c),
+            **({"share": m["share"][0], "lo": m["share"][1], "hi": m["share"][2]}
+               if math.isfinite(m["share"][0]) else {})}
+
+
 def picks(data: Recover, inp: str = FIRST) -> dict | None:
     """On one input: the best fix and the best one without per-step communication, and every
     fix by name, each as advice.json holds it ({fix, name, state, gain, share, lo, hi}), with
@@ -207,11 +217,7 @@ def picks(data: Recover, inp: str = FIRST) -> dict | None:
     ms = on_input(data, inp)
     if ms is None:
         return None
-    fixes = {f: {"fix": f, "name": name(c), "state": m["state"],
-                 "gain": m["gain"]["gap"], **groups_of(c),
-                 **({"share": m["share"][0], "lo": m["share"][1], "hi": m["share"][2]}
-                    if math.isfinite(m["share"][0]) else {})}
-             for f, (c, m) in ms.items()}
+    fixes = {f: entry(f, c, m) for f, (c, m) in ms.items()}
     gain = lambda f: fixes[f]["gain"]  # noqa: E731
     free = [f for f in fixes if f in COMMUNICATION_FREE]
     return {"input": inp, "values": values_at_the_break(data, inp),
