@@ -24,7 +24,7 @@ import yaml
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from bnlab import checkpoint, dist, doctor
+from bnlab import checkpoint, dist, doctor, modelref
 from bnlab.batchnorm import set_epoch
 from bnlab.cli import add_json, emit, imported
 from bnlab.data import Dataset, Split, TrainLoader, build_dataset
@@ -212,7 +212,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
                              "bnlab run or its checkpoint.pt.")
         model, batches, evaluate, batch, ranks = _own_run(args)
     else:
-        model, _ = doctor.load_model(args.model)
+        model, _ = modelref.load_model(args.model)
         if args.checkpoint is not None:
             load_weights(model, Path(args.checkpoint))
         batches, batch, ranks = _factory(args.loader, "loader")(), None, None
