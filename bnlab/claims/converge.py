@@ -292,26 +292,31 @@ def finding(data: Converge) -> list[Finding]:
             parts.append(f"{' and '.join(worse)} no better than BN")
         text = f"{head}, " + (", ".join(parts[:-1]) + " and " + parts[-1]
                               if len(parts) > 1 else "".join(parts) or "no fix beats BN")
-    return [Finding(f"{text}; {held(data, answer)}.", "converge", rules.mark(RULES), rank=2,
+    return [Finding(f"{text}. {held(data, answer)}", "converge", rules.mark(RULES), rank=2,
                     extends="recover")]
 
 
 def held(data: Converge, answer: str) -> str:
-    """The ranking's answer in words: each fix's state as at 10 epochs, or the 10-epoch state
-    of each fix whose state changed."""
+    """The ranking's answer as a sentence: each fix's state as at 10 epochs; or, where it
+    changed, each changed fix's 10-epoch state; where a fix is unclear at either length (the
+    rule leaves the ranking undecided), which, and how the other fixes compare."""
+    def short(fix: str) -> str:
+        return recover.SHORT.get(fix, recover.NAMES.get(fix, fix))
+
     if answer == "holds":
-        return "each fix's state is as at 10 epochs"
-    if not answer.startswith("changes"):
-        return "whether each fix's state is as at 10 epochs is undecided (one is unclear)"
-    was = []
-    for fix in FIXES:
-        m10, m40 = at_ten(data, fix), recover.measure(
-            data.runs, recover.by_fix(data.runs, fix, INPUT), RULES)
-        if m10["state"] != m40["state"]:
-            name = recover.SHORT.get(fix, recover.NAMES.get(fix, fix))
-            was.append(f"{name} {'was ' * (not was)}{m10['state']}")
-    return "at 10 epochs, " + ", ".join(was[:-1]) + (" and " if len(was) > 1 else "") + \
-        was[-1]
+        return "Each fix's state is as at 10 epochs."
+    states = {fix: (at_ten(data, fix)["state"], recover.measure(
+        data.runs, recover.by_fix(data.runs, fix, INPUT), RULES)["state"]) for fix in FIXES}
+    unclear = [f"{short(f)} is unclear at {'10' if a == 'unclear' else EPOCHS} epochs"
+               for f, (a, b) in states.items() if "unclear" in (a, b)]
+    changed = [f for f, (a, b) in states.items() if a != b and "unclear" not in (a, b)]
+    was = ", ".join(f"{short(f)} {'was ' * (i == 0)}{states[f][0]}"
+                    for i, f in enumerate(changed))
+    if not unclear:
+        return f"At 10 epochs, {was}."
+    rest = (f"of the others, at 10 epochs {was}" if changed else
+            "every other fix's state is as at 10 epochs")
+    return f"The rule leaves the ranking undecided, as {' and '.join(unclear)}; {rest}."
 
 
 def verdicts(data: Converge) -> list[Verdict]:

@@ -18,6 +18,18 @@ TEN = {"reference": 60.0, "bn": 50.0, "syncbn": 59.8, "gn": [50.5, 49.5, 50.5, 4
        "gnws": 55.0, "evonorm": 45.0}
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """The runs the tests below judge, built once: 10 epochs (ten), 40 epochs where gn is now
+    clearly between bn and the reference (forty), 40 epochs as at 10 (same), 40 epochs with a
+    gnws seed to come (short)."""
+    tmp = tmp_path_factory.mktemp("converge")
+    return {"ten": data(tmp / "ten", TEN),
+            "forty": data(tmp / "forty", {**TEN, "gn": 55.0}, seeds=3, epochs=40),
+            "same": data(tmp / "same", TEN, seeds=3, epochs=40),
+            "short": data(tmp / "short", TEN, seeds=3, missing="gnws", epochs=40)}
+
+
 def test_the_spec_makes_table_recovers_resnet20_cells_longer():
     def chosen(fix: str, over: list[str]) -> dict:
         cell = Cell(f"{fix} lr 0.00625", [*over, "optim.lr=0.00625", "model=resnet20",
@@ -44,11 +56,9 @@ def test_the_spec_makes_table_recovers_resnet20_cells_longer():
         converge.spec_cells({**picks, "gn": {"state": "undecided", "cell": None}})
 
 
-def test_each_fix_is_set_beside_its_ten_epoch_state_and_the_ranking_answers(tmp_path):
-    ten = data(tmp_path / "ten", TEN)
-    # 40 epochs: gn now clearly between bn and the reference; the others as at 10
-    forty = data(tmp_path / "forty", {**TEN, "gn": 55.0}, seeds=3, epochs=40)
-    d = converge.Converge(forty, ten)
+def test_each_fix_is_set_beside_its_ten_epoch_state_and_the_ranking_answers(runs, tmp_path):
+    ten = runs["ten"]
+    d = converge.Converge(runs["forty"], ten)
     answer, words = converge.ranking(d)
     assert answer == "changes (gn)"
     assert "gn: no better at 10 epochs, partly, 50% of bn's loss at 40" in words
@@ -56,10 +66,8 @@ def test_each_fix_is_set_beside_its_ten_epoch_state_and_the_ranking_answers(tmp_
     text = converge.render(d)
     assert "**The ranking at 40 epochs: changes (gn)**" in text
     assert "| gn cell |" in text and "## Rules and their history" in text
-    same = converge.Converge(data(tmp_path / "same", TEN, seeds=3, epochs=40), ten)
-    assert converge.ranking(same)[0] == "holds"
-    short = data(tmp_path / "short", TEN, seeds=3, missing="gnws", epochs=40)
-    assert converge.ranking(converge.Converge(short, ten))[0] == "undecided"
+    assert converge.ranking(converge.Converge(runs["same"], ten))[0] == "holds"
+    assert converge.ranking(converge.Converge(runs["short"], ten))[0] == "undecided"
     converge.plot(d, tmp_path / "c.png")
     assert (tmp_path / "c.png").stat().st_size > 0
 
@@ -71,27 +79,28 @@ def test_without_its_spec_the_page_says_what_it_waits_for():
     assert recover.COMMUNICATION_FREE.count("gnws") == 1 and "gnws" in recover.NAMES
 
 
-def test_its_finding_sits_under_table_recovers_and_names_what_changed(tmp_path):
-    ten = data(tmp_path / "ten", TEN)
-    forty = data(tmp_path / "forty", {**TEN, "gn": 55.0}, seeds=3, epochs=40)
-    d = converge.Converge(forty, ten)
-    (f,) = converge.finding(d)
+def test_its_finding_sits_under_table_recovers_and_names_what_changed(runs, tmp_path):
+    ten, forty = runs["ten"], runs["forty"]
+    (f,) = converge.finding(converge.Converge(forty, ten))
     assert f.extends == "recover" and f.table == "converge"
     assert f.text.startswith("Trained 4x longer on resnet20 (40 epochs, cosine), SyncBN gets "
                              "back 98% of BN's loss (95% CI")
     assert "GroupNorm 50% (" in f.text and "EvoNorm-S0 no better than BN" in f.text
-    assert f.text.endswith("; at 10 epochs, GroupNorm was no better.")
-    same = converge.Converge(data(tmp_path / "same", TEN, seeds=3, epochs=40), ten)
-    assert converge.finding(same)[0].text.endswith("; each fix's state is as at 10 epochs.")
-    short = data(tmp_path / "short", TEN, seeds=3, missing="gnws", epochs=40)
-    assert converge.finding(converge.Converge(short, ten))[0].text == \
+    assert f.text.endswith("no better than BN. At 10 epochs, GroupNorm was no better.")
+    same = converge.Converge(runs["same"], ten)
+    assert converge.finding(same)[0].text.endswith(". Each fix's state is as at 10 epochs.")
+    unsure = data(tmp_path / "unsure", {**TEN, "syncbn": [63.0, 55.0, 64.0, 54.0, 61.0]})
+    text = converge.finding(converge.Converge(forty, unsure))[0].text
+    assert text.endswith(". The rule leaves the ranking undecided, as SyncBN is unclear at 10 "
+                         "epochs; of the others, at 10 epochs GroupNorm was no better.")
+    short = converge.Converge(runs["short"], ten)
+    assert converge.finding(short)[0].text == \
         "Trained 4x longer on resnet20 (40 epochs, cosine): runs still to come."
-    assert converge.measured(converge.Converge(short, ten)) is None
+    assert converge.measured(short) is None
 
 
-def test_converge_json_holds_each_fix_as_advice_json_does(tmp_path):
-    ten = data(tmp_path / "ten", TEN)
-    d = converge.Converge(data(tmp_path / "forty", {**TEN, "gn": 55.0}, seeds=3, epochs=40), ten)
+def test_converge_json_holds_each_fix_as_advice_json_does(runs, tmp_path):
+    d = converge.Converge(runs["forty"], runs["ten"])
     assert converge.measured_path(tmp_path) == tmp_path / "converge.json"  # built elsewhere
     converge.write_measured(d, tmp_path)
     got = json.loads((tmp_path / "converge.json").read_text())
@@ -99,5 +108,5 @@ def test_converge_json_holds_each_fix_as_advice_json_does(tmp_path):
     assert set(got["fixes"]) == set(converge.FIXES)
     assert got["fixes"]["gn"]["state"] == "partly" and got["fixes"]["gn"]["name"] == "GroupNorm"
     assert got["fixes"]["gn"]["share"] == pytest.approx(0.5, abs=0.05)
-    converge.write_measured(converge.Converge(None, ten), tmp_path)  # runs to come: removed
+    converge.write_measured(converge.Converge(None, runs["ten"]), tmp_path)  # runs to come
     assert not (tmp_path / "converge.json").exists()
