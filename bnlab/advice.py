@@ -127,11 +127,12 @@ def lengthwise(fix: str, entries: list[dict]) -> str:
     """'; on resnet20 trained 40 epochs it differs: ...' where the longer runs give `fix`
     another state than table-recover did on the same input; empty otherwise."""
     long = longer()
-    ten = next((e for e in entries if long and e["input"] == long["input"]), None)
+    ten = next((e for e in entries if long and e.get("input") == long["input"]), None)
     if ten is None or fix not in long["fixes"] or fix not in ten["fixes"] or \
             long["fixes"][fix]["state"] == ten["fixes"][fix]["state"]:
         return ""
-    return f"; {at_length(long)} it differs: {said(long['fixes'][fix])}"
+    return (f"; {at_length(long)}, not 10 (where it was {ten['fixes'][fix]['state']}), it "
+            f"differs: {said(long['fixes'][fix])}")
 
 
 def groups(fix: str, values: int | None = None) -> int | None:
@@ -173,7 +174,7 @@ def free_lengthwise(entries: list[dict]) -> str:
     communication that both lengths trained, the longer runs' best is another fix, or beats BN
     where the shorter's did not (or the reverse); empty otherwise."""
     long = longer()
-    ten = next((e for e in entries if long and e["input"] == long["input"]), None)
+    ten = next((e for e in entries if long and e.get("input") == long["input"]), None)
     if ten is None:
         return ""
     free = [f for f in long["fixes"] if f in ten["fixes"] and f in FREE]
@@ -184,4 +185,6 @@ def free_lengthwise(entries: list[dict]) -> str:
     if (best["ten"]["fix"], best["ten"]["state"] == "no better") == \
             (best["long"]["fix"], best["long"]["state"] == "no better"):
         return ""
-    return f"; {at_length(long)} it differs: {_free_line({'best_free': best['long']})}"
+    return (f"; {at_length(long)}, not 10, the best of the fixes it trained without "
+            f"communication ({', '.join(free)}) differs: "
+            f"{_free_line({'best_free': best['long']})}")

@@ -306,15 +306,29 @@ def test_the_fix_lines_say_where_the_longer_runs_rank_a_fix_otherwise(
     _, r = _json(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
                  "--world", "8", "--batch-per-rank", "2")
     free, line = r["recommendations"][1], r["recommendations"][2]
-    assert ("; on resnet20 trained 40 epochs it differs: GroupNorm (gn) gets back 40% of BN's "
-            "loss (95% CI 20 to 60): partly (make table-recover") in free
-    assert line.endswith("; on resnet20 trained 40 epochs it differs: GroupNorm (gn) gets back "
-                         "40% of BN's loss (95% CI 20 to 60): partly")
+    assert ("; on resnet20 trained 40 epochs, not 10, the best of the fixes it trained without "
+            "communication (gn) differs: GroupNorm (gn) gets back 40% of BN's loss (95% CI 20 to "
+            "60): partly (make table-recover") in free
+    assert line.endswith("; on resnet20 trained 40 epochs, not 10 (where it was no better), it "
+                         "differs: GroupNorm (gn) gets back 40% of BN's loss (95% CI 20 to 60): "
+                         "partly")
     (tmp_path / "converge.json").write_text(json.dumps({
         "input": "resnet20", "epochs": 40, "fixes": {"gn": {**gn, "state": "no better"}}}))
     _, r = _json(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
                  "--world", "8", "--batch-per-rank", "2")
-    assert "40 epochs" not in r["recommendations"][2]
+    assert "40 epochs" not in r["recommendations"][1] + r["recommendations"][2]
+    (tmp_path / "converge.json").write_text(json.dumps({  # a fix it did not train: no clause
+        "input": "resnet20", "epochs": 40, "fixes": {"gnws": {**gn, "fix": "gnws"}}}))
+    _, r = _json(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
+                 "--world", "8", "--batch-per-rank", "2")
+    assert "40 epochs" not in r["recommendations"][1] + r["recommendations"][2]
+    (tmp_path / "advice.json").write_text(json.dumps({  # advice.json's first form: no input
+        "where": "4 ranks x 2 on resnet20 (CIFAR-10)",
+        "best_free": {"fix": "gn", "state": "no better", "gain": -1.0},
+        "fixes": {"gn": {"fix": "gn", "state": "no better", "gain": -1.0}}}))
+    _, r = _json(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
+                 "--world", "8", "--batch-per-rank", "2")
+    assert "40 epochs" not in r["recommendations"][1] + r["recommendations"][2]
 
 
 def test_where_no_sync_group_reaches_8_samples_the_line_says_so(capsys):

@@ -12,9 +12,9 @@ The rules are data in experiments/converge/rules.yaml, committed before any of i
 table-recover's states and thresholds (bnlab/claims/recover/ measures both tables) at 3
 seeds, and the ranking's answer. Length and schedule both differ from table-recover's
 (10 epochs, constant rate): a changed ranking says the protocol matters, not which of the two
-changes made it. Writes experiments/converge/{table.md, converge.png}, the README's finding 2
-its line on length, and bnlab/measured/converge.json (the doctor says where the longer runs
-rank a fix otherwise than table-recover's advice.json).
+changes made it. Writes experiments/converge/{table.md, converge.png} and
+bnlab/measured/converge.json (the doctor says where the longer runs rank a fix otherwise than
+table-recover's advice.json); its finding is set under the README's finding 2, on length.
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def plot(data: Converge, path: Path) -> None:
 
 
 def measured(data: Converge) -> dict | None:
-    """resnet20 at 40 epochs as advice.json holds an input ({input, values, where, epochs,
+    """resnet20 at 40 epochs, as advice.json holds an input ({input, epochs, bn_breaks, where,
     fixes}, each fix as table-recover's entry()); None until every cell has its seeds."""
     if data.runs is None:
         return None
@@ -259,10 +259,25 @@ def write_measured(data: Converge, out: Path) -> None:
         table.save_results(path, got)
 
 
+# each state as a verb phrase, for "at 10 epochs, GroupNorm did no better"
+DID = {"recovers": "recovered", "partly": "partly recovered", "no better": "did no better",
+       "unclear": "was unclear"}
+
+
+def short(fix: str) -> str:
+    """The fix as the README's finding names it (GroupNorm+WS, SyncBN, GroupNorm)."""
+    return recover.SHORT.get(fix, recover.NAMES.get(fix, fix))
+
+
+def listed(names: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
+
+
 def share_words(e: dict, first: bool) -> str:
     """'SyncBN gets back 95% of BN's loss (95% CI 80 to 110)' (`first`), else 'SyncBN 95% (80
     to 110)'; its state where it has no share."""
-    name = recover.SHORT.get(e["fix"], e["name"])
+    name = short(e["fix"])
     if e.get("share") is None or e.get("lo") is None:
         return f"{name} {e['state']}"
     ci = f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f}"
@@ -270,53 +285,56 @@ def share_words(e: dict, first: bool) -> str:
             else f"{name} {100 * e['share']:.0f}% ({ci})")
 
 
+def at_forty(got: dict) -> str:
+    """The fixes at 40 epochs in a clause: those better than bn with their shares, best
+    first, then those no better; 'no fix beats BN' where none is better."""
+    fixes = sorted(got["fixes"].values(), key=lambda e: -e["gain"])
+    better = [share_words(e, i == 0) for i, e in enumerate(
+        e for e in fixes if e["state"] != "no better")]
+    worse = [short(e["fix"]) for e in fixes if e["state"] == "no better"]
+    if not better:
+        return "no fix beats BN"
+    return ", ".join(better) + ("" if not worse else
+                                f"; {listed(worse)} do{'es' * (len(worse) == 1)} no better")
+
+
 def finding(data: Converge) -> list[Finding]:
     """The README's finding 2 on length, set under it (`extends`): at 40 epochs, each fix that
-    does better than bn with its share, those no better, and whether the ranking held; a line
-    saying its runs are to come until they have ended."""
+    does better than bn with its share, those no better, then whether the states are as at 10
+    epochs; a line saying its runs are to come until they have ended."""
     head = f"Trained 4x longer on {INPUT} ({EPOCHS} epochs, cosine)"
     got = measured(data)
     if data.runs is None or got is None:
         return [Finding(f"{head}: runs still to come.", "converge", rules.mark(RULES),
                         rank=2, extends="recover")]
-    answer, _ = ranking(data)
-    if not got["bn_breaks"]:
-        text = f"{head}, BN at 4 x 2 no longer breaks, so no share of its loss is read"
+    if got["bn_breaks"]:
+        text = f"{head}, {at_forty(got)}."
     else:
-        fixes = sorted(got["fixes"].values(), key=lambda e: -e["gain"])
-        better = [e for e in fixes if e["state"] != "no better"]
-        worse = [recover.SHORT.get(e["fix"], e["name"]) for e in fixes
-                 if e["state"] == "no better"]
-        parts = [share_words(e, i == 0) for i, e in enumerate(better)]
-        if worse:
-            parts.append(f"{' and '.join(worse)} no better than BN")
-        text = f"{head}, " + (", ".join(parts[:-1]) + " and " + parts[-1]
-                              if len(parts) > 1 else "".join(parts) or "no fix beats BN")
-    return [Finding(f"{text}. {held(data, answer)}", "converge", rules.mark(RULES), rank=2,
+        text = (f"{head}, BN at 4 x 2 no longer breaks, so no share of its loss is read: "
+                + listed([f"{short(f)} {e['state']}" for f, e in got["fixes"].items()]) + ".")
+    return [Finding(f"{text} {held(data, got)}", "converge", rules.mark(RULES), rank=2,
                     extends="recover")]
 
 
-def held(data: Converge, answer: str) -> str:
-    """The ranking's answer as a sentence: each fix's state as at 10 epochs; or, where it
-    changed, each changed fix's 10-epoch state; where a fix is unclear at either length (the
-    rule leaves the ranking undecided), which, and how the other fixes compare."""
-    def short(fix: str) -> str:
-        return recover.SHORT.get(fix, recover.NAMES.get(fix, fix))
-
-    if answer == "holds":
-        return "Each fix's state is as at 10 epochs."
-    states = {fix: (at_ten(data, fix)["state"], recover.measure(
-        data.runs, recover.by_fix(data.runs, fix, INPUT), RULES)["state"]) for fix in FIXES}
-    unclear = [f"{short(f)} is unclear at {'10' if a == 'unclear' else EPOCHS} epochs"
-               for f, (a, b) in states.items() if "unclear" in (a, b)]
-    changed = [f for f, (a, b) in states.items() if a != b and "unclear" not in (a, b)]
-    was = ", ".join(f"{short(f)} {'was ' * (i == 0)}{states[f][0]}"
-                    for i, f in enumerate(changed))
+def held(data: Converge, got: dict) -> str:
+    """Whether each fix's state is as at 10 epochs, as a sentence: where one changed, what it
+    did at 10; where one is unclear at either length (the rule then leaves the ranking
+    undecided), which, and how the others compare; where a 10-epoch state is still to come,
+    that."""
+    ten = {fix: at_ten(data, fix) for fix in FIXES}
+    if any(m is None for m in ten.values()):
+        return "Its 10-epoch states are still to come."
+    states = {f: (ten[f]["state"], got["fixes"][f]["state"]) for f in FIXES}
+    unclear = [f for f, (a, b) in states.items() if "unclear" in (a, b)]
+    changed = [f for f, (a, b) in states.items() if a != b and f not in unclear]
+    was = listed([f"{short(f)} {DID[states[f][0]]}" for f in changed])
     if not unclear:
-        return f"At 10 epochs, {was}."
-    rest = (f"of the others, at 10 epochs {was}" if changed else
-            "every other fix's state is as at 10 epochs")
-    return f"The rule leaves the ranking undecided, as {' and '.join(unclear)}; {rest}."
+        return f"At 10 epochs, {was}." if changed else "Each fix's state is as at 10 epochs."
+    why = listed([f"{short(f)} was unclear at " + listed(
+        [n for n, s in zip(("10", str(EPOCHS)), states[f], strict=True) if s == "unclear"])
+        + " epochs" for f in unclear])
+    rest = (f"at 10 epochs {was}" if changed else "the others' states are as at 10 epochs")
+    return f"As {why}, the ranking is undecided; {rest}."
 
 
 def verdicts(data: Converge) -> list[Verdict]:

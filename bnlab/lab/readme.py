@@ -156,7 +156,7 @@ def write_headline(path: Path, figures: list[str], verdicts: list[Verdict], stat
     rows += [f"| {v.claim} | {v.claimed} | {v.short} | "
              f"**{v.verdict}{v.mark(bool(status))}**{marks.get(v.claim, '')} |"
              for v in verdicts]
-    dagger = any(marks.values()) or any(f.mark for f in findings)
+    dagger = any(marks.values()) or any(x.mark for f in findings for x in (f, *f.under))
     replace_block(path, begin, end, "\n".join([
         begin, TERMS, "", *(f"{i}. {f.line()}" for i, f in enumerate(findings, 1)), "",
         *(x for f in findings if f.after for x in (f.after, "")),

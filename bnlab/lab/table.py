@@ -77,10 +77,12 @@ class Finding:
 
 
 def nested(findings: list[Finding]) -> list[Finding]:
-    """The findings with each one that `extends` another table's set under that table's
+    """The findings with each one that `extends` another table's set under that table's first
     finding (dropped where that table has none), in order."""
+    tops = [f for f in findings if not f.extends]
+    first = {f.table: i for i, f in reversed(list(enumerate(tops)))}
     return [replace(f, under=f.under + tuple(u for u in findings if u.extends == f.table))
-            for f in findings if not f.extends]
+            if first[f.table] == i else f for i, f in enumerate(tops)]
 
 
 def complete(*cells) -> bool:

@@ -13,6 +13,7 @@ from bnlab.claims import converge, recover
 from bnlab.errors import BnlabError
 from bnlab.lab.plan import Cell
 from bnlab.lab.results import CellResult
+from bnlab.paths import EXPERIMENTS, MEASURED
 
 TEN = {"reference": 60.0, "bn": 50.0, "syncbn": 59.8, "gn": [50.5, 49.5, 50.5, 49.5, 50.0],
        "gnws": 55.0, "evonorm": 45.0}
@@ -85,23 +86,39 @@ def test_its_finding_sits_under_table_recovers_and_names_what_changed(runs, tmp_
     assert f.extends == "recover" and f.table == "converge"
     assert f.text.startswith("Trained 4x longer on resnet20 (40 epochs, cosine), SyncBN gets "
                              "back 98% of BN's loss (95% CI")
-    assert "GroupNorm 50% (" in f.text and "EvoNorm-S0 no better than BN" in f.text
-    assert f.text.endswith("no better than BN. At 10 epochs, GroupNorm was no better.")
+    assert "GroupNorm 50% (" in f.text
+    assert f.text.endswith("; EvoNorm-S0 does no better. At 10 epochs, GroupNorm did no better.")
     same = converge.Converge(runs["same"], ten)
     assert converge.finding(same)[0].text.endswith(". Each fix's state is as at 10 epochs.")
     unsure = data(tmp_path / "unsure", {**TEN, "syncbn": [63.0, 55.0, 64.0, 54.0, 61.0]})
     text = converge.finding(converge.Converge(forty, unsure))[0].text
-    assert text.endswith(". The rule leaves the ranking undecided, as SyncBN is unclear at 10 "
-                         "epochs; of the others, at 10 epochs GroupNorm was no better.")
+    assert text.endswith(". As SyncBN was unclear at 10 epochs, the ranking is undecided; at 10 "
+                         "epochs GroupNorm did no better.")
+    assert converge.finding(converge.Converge(forty, None))[0].text.endswith(
+        "does no better. Its 10-epoch states are still to come.")  # table-recover's to come
     short = converge.Converge(runs["short"], ten)
     assert converge.finding(short)[0].text == \
         "Trained 4x longer on resnet20 (40 epochs, cosine): runs still to come."
     assert converge.measured(short) is None
 
 
+def test_where_no_fix_beats_bn_or_bn_no_longer_breaks_the_finding_says_so(runs, tmp_path):
+    none = data(tmp_path / "none", {**TEN, "syncbn": 45.0, "gn": 45.0, "gnws": 45.0,
+                                    "evonorm": 45.0}, seeds=3, epochs=40)
+    text = converge.finding(converge.Converge(none, runs["ten"]))[0].text
+    assert text.startswith("Trained 4x longer on resnet20 (40 epochs, cosine), no fix beats BN. "
+                           "At 10 epochs, SyncBN recovered and GroupNorm+WS partly recovered.")
+    whole = data(tmp_path / "whole", {**TEN, "bn": 59.9}, seeds=3, epochs=40)
+    text = converge.finding(converge.Converge(whole, runs["ten"]))[0].text
+    assert text.startswith("Trained 4x longer on resnet20 (40 epochs, cosine), BN at 4 x 2 no "
+                           "longer breaks, so no share of its loss is read: SyncBN recovers, ")
+    assert converge.listed(["a"]) == "a" and converge.listed(["a", "b", "c"]) == "a, b and c"
+
+
 def test_converge_json_holds_each_fix_as_advice_json_does(runs, tmp_path):
     d = converge.Converge(runs["forty"], runs["ten"])
     assert converge.measured_path(tmp_path) == tmp_path / "converge.json"  # built elsewhere
+    assert converge.measured_path(EXPERIMENTS / "converge") == MEASURED / "converge.json"
     converge.write_measured(d, tmp_path)
     got = json.loads((tmp_path / "converge.json").read_text())
     assert got["input"] == "resnet20" and got["epochs"] == 40 and got["bn_breaks"]

@@ -476,17 +476,20 @@ def test_a_finding_that_extends_another_tables_is_set_under_it(tmp_path):
     from bnlab.lab.table import nested
 
     found = nested([Finding("Fix A at 10.", "recover", rank=2),
-                    Finding("Longer: fix A.", "converge", rank=2, extends="recover"),
+                    Finding("Longer: fix A.", "converge", " [†](x)", rank=2, extends="recover"),
                     Finding("BN breaks.", "values", rank=1),
+                    Finding("Fix A again.", "recover", rank=4),
                     Finding("Orphan.", "other", rank=3, extends="absent")])
-    assert [f.table for f in found] == ["recover", "values"]  # one without its table: dropped
-    assert [u.text for u in found[0].under] == ["Longer: fix A."]
+    assert [f.table for f in found] == ["recover", "values", "recover"]  # orphan: dropped
+    assert [u.text for u in found[0].under] == ["Longer: fix A."] and not found[2].under
     readme = tmp_path / "README.md"
     readme.write_text("<!-- headline:begin -->\n<!-- headline:end -->\n")
     write_headline(readme, [], [], "", tuple(found))
+    text = readme.read_text()
     assert ("\n1. Fix A at 10. ([table-recover](experiments/recover/table.md))\n   - Longer: "
-            "fix A. ([table-converge](experiments/converge/table.md))\n2. BN breaks.") \
-        in readme.read_text()
+            "fix A. ([table-converge](experiments/converge/table.md)) [†](x)\n2. BN breaks.") \
+        in text
+    assert "(†: a rule written after its data were seen)" in text  # its mark's legend
 
 
 LAYOUTS = {"resnet18 32 px": (1, (2, 4, 8)), "resnet18 64 px": (4, (1, 2, 4, 8)),
