@@ -217,7 +217,10 @@ def plot(data: Converge, path: Path) -> None:
                   [recover.NAMES.get(f, f) for f in FIXES])
     ax.set(xlabel="share of bn's loss recovered (%, 95% CI; 0 = bn at 4 x 2, 100 = 1 x 8)")
     ax.grid(alpha=0.3, axis="x")
-    save(fig, path, "Does the ranking hold 4x longer? (resnet20, 4 ranks x 2)")
+    answer = ranking(data)[0] if data.runs is not None else "undecided"
+    save(fig, path, "Does the ranking hold 4x longer? (resnet20, 4 ranks x 2)" + (
+        "" if measured(data) is None else f"\nat {EPOCHS} epochs the ranking " + (
+            "is undecided (a fix unclear at one length)" if answer == "undecided" else answer)))
 
 
 # ----------------------------------------------------------------------------------------
