@@ -127,3 +127,19 @@ def test_converge_json_holds_each_fix_as_advice_json_does(runs, tmp_path):
     assert got["fixes"]["gn"]["share"] == pytest.approx(0.5, abs=0.05)
     converge.write_measured(converge.Converge(None, runs["ten"]), tmp_path)  # runs to come
     assert not (tmp_path / "converge.json").exists()
+
+
+def test_a_fix_whose_runs_equal_the_references_is_said_to_be_an_identity(runs):
+    import copy
+
+    forty = copy.copy(runs["forty"])
+    ref, sync = (converge.recover.by_fix(forty, f) for f in ("reference", "syncbn"))
+    forty.cells = [copy.copy(c) for c in forty.cells]
+    twin = next(c for c in forty.cells if c.cell.meta["fix"] == "syncbn")
+    twin.runs = ref.runs  # the same logs, seed by seed
+    assert converge.identical(forty, "syncbn") and not converge.identical(runs["forty"], "gn")
+    assert sync.runs is not ref.runs and converge.identical(runs["ten"], "syncbn") is False
+    (text, _) = converge.same_runs(converge.Converge(forty, runs["ten"]))
+    assert text.startswith("syncbn's runs log the same val acc as the 1 x 8 reference's")
+    assert "Its 10-epoch runs (commits" in text and "seeds' noise stays" in text
+    assert converge.same_runs(converge.Converge(runs["forty"], runs["ten"])) == []
