@@ -27,6 +27,9 @@ def said(entry: dict) -> str:
     below bn, 'GroupNorm (gn) ends 4.1 points below BN (share of BN's loss recovered -45%, 95%
     CI -60 to -30): no better'; its state alone where it has no share."""
     fix = entry["fix"] if entry.get("name") is None else f"{entry['name']} ({entry['fix']})"
+    if entry.get("identical"):  # table-converge: its runs are the reference's, value by value
+        return f"{fix} gets back all of BN's loss (its runs equal the 1 x 8 reference's): " \
+            f"{entry['state']}"
     if entry.get("share") is None:
         return f"{fix}: {entry['state']}"
     ci = "" if entry.get("lo") is None else \

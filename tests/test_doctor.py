@@ -322,6 +322,8 @@ def test_the_fix_lines_say_where_the_longer_runs_rank_a_fix_otherwise(
     _, r = _json(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
                  "--world", "8", "--batch-per-rank", "2")
     assert "40 epochs" not in r["recommendations"][1] + r["recommendations"][2]
+    assert advice.said({**gn, "identical": True}) == (
+        "GroupNorm (gn) gets back all of BN's loss (its runs equal the 1 x 8 reference's): partly")
     (tmp_path / "advice.json").write_text(json.dumps({  # advice.json's first form: no input
         "where": "4 ranks x 2 on resnet20 (CIFAR-10)",
         "best_free": {"fix": "gn", "state": "no better", "gain": -1.0},

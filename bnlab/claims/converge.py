@@ -277,7 +277,8 @@ def measured(data: Converge) -> dict | None:
         m = None if c is None else recover.measure(data.runs, c, RULES)
         if m is None:
             return None
-        fixes[fix] = recover.entry(fix, c, m)
+        fixes[fix] = {**recover.entry(fix, c, m), **({"identical": True}
+                                                      if identical(data.runs, fix) else {})}
     bn = recover.by_fix(data.runs, "bn", INPUT)
     return {"input": INPUT, "epochs": EPOCHS, "bn_breaks": recover.measure(
                 data.runs, bn, RULES)["bn_breaks"],
@@ -318,8 +319,11 @@ def listed(names: list[str]) -> str:
 
 def share_words(e: dict, first: bool) -> str:
     """'SyncBN gets back 95% of BN's loss (95% CI 80 to 110)' (`first`), else 'SyncBN 95% (80
-    to 110)'; its state where it has no share."""
+    to 110)'; 'all' where its runs equal the reference's; its state where it has no share."""
     name = short(e["fix"])
+    if e.get("identical"):  # its runs are the reference's: no interval to give
+        return f"{name} gets back all of BN's loss (its runs equal 1 x 8's)" if first else \
+            f"{name} all (its runs equal 1 x 8's)"
     if e.get("share") is None or e.get("lo") is None:
         return f"{name} {e['state']}"
     ci = f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f}"

@@ -142,4 +142,8 @@ def test_a_fix_whose_runs_equal_the_references_is_said_to_be_an_identity(runs):
     (text, _) = converge.same_runs(converge.Converge(forty, runs["ten"]))
     assert text.startswith("syncbn's runs log the same val acc as the 1 x 8 reference's")
     assert "Its 10-epoch runs (commits" in text and "seeds' noise stays" in text
+    got = converge.measured(converge.Converge(forty, runs["ten"]))
+    assert got["fixes"]["syncbn"]["identical"] and "identical" not in got["fixes"]["gn"]
+    assert converge.share_words(got["fixes"]["syncbn"], True) == \
+        "SyncBN gets back all of BN's loss (its runs equal 1 x 8's)"
     assert converge.same_runs(converge.Converge(runs["forty"], runs["ten"])) == []
