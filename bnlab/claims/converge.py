@@ -379,7 +379,7 @@ def held(data: Converge, got: dict) -> str:
     why = listed([f"{short(f)} was unclear at " + listed(
         [n for n, s in zip(("10", str(EPOCHS)), states[f], strict=True) if s == "unclear"])
         + " epochs" for f in unclear])
-    rest = (f"at 10 epochs {was}" if changed else "the others' states are as at 10 epochs")
+    rest = (f"at 10 epochs {was}" if changed else "the others keep their 10-epoch states")
     return f"As {why}, the ranking is undecided; {rest}."
 
 

@@ -76,7 +76,7 @@ def states_in_words(by: rules.Rules = RULES) -> str:
             "fully or not: the seeds cannot say); and a share interval above 0 can sit beside "
             "no better, because the share's interval (a bootstrap over seeds, shown) is not "
             "what the state reads: the state reads the gain's t interval over the paired seeds, "
-            "which is wider with 5 seeds.")
+            f"which is wider with {by['min_seeds']} seeds.")
 
 
 def beside_others() -> str:
@@ -186,7 +186,7 @@ def reconciled(done: dict[str, dict] | None = None) -> str:
     g2 = None if second is None else done[second]["fixes"].get("gn")
     demo = "" if g2 is None else (
         f" `make demo` trains {WORDS.get(second, second)}, finding 2's second input, on a "
-        f"shorter protocol of its own; on that input, plain GroupNorm {versus(g2)} in finding "
+        f"shorter protocol of its own; there, plain GroupNorm {versus(g2)} in finding "
         "2's table.")
     return (f"{first}Finding 4 trains GroupNorm {epochs} epochs at 1/{here / gn['lr']:g} of the "
             f"default rate, BN at that same rate.{demo}")
