@@ -341,7 +341,8 @@ def at_forty(got: dict) -> str:
     if not better:
         return "no fix beats BN"
     return ", ".join(better) + ("" if not worse else
-                                f"; {listed(worse)} do{'es' * (len(worse) == 1)} no better")
+                                f"; {listed(worse)} do{'es' * (len(worse) == 1)} no better "
+                                "than BN")
 
 
 def finding(data: Converge) -> list[Finding]:
@@ -376,11 +377,12 @@ def held(data: Converge, got: dict) -> str:
     was = listed([f"{short(f)} {DID[states[f][0]]}" for f in changed])
     if not unclear:
         return f"At 10 epochs, {was}." if changed else "Each fix's state is as at 10 epochs."
-    why = listed([f"{short(f)} was unclear at " + listed(
+    why = listed([f"{short(f)} at " + listed(
         [n for n, s in zip(("10", str(EPOCHS)), states[f], strict=True) if s == "unclear"])
         + " epochs" for f in unclear])
-    rest = (f"at 10 epochs {was}" if changed else "the others keep their 10-epoch states")
-    return f"As {why}, the ranking is undecided; {rest}."
+    rest = (f"at 10 epochs {was}" if changed else "the others' verdicts are unchanged")
+    return (f"As the seeds could not judge {why} (unclear), the rule leaves the ranking "
+            f"undecided; {rest}.")
 
 
 def verdicts(data: Converge) -> list[Verdict]:

@@ -87,15 +87,16 @@ def test_its_finding_sits_under_table_recovers_and_names_what_changed(runs, tmp_
     assert f.text.startswith("Trained 4x longer on resnet20 (40 epochs, cosine), SyncBN gets "
                              "back 98% of BN's loss (95% CI")
     assert "GroupNorm 50% (" in f.text
-    assert f.text.endswith("; EvoNorm-S0 does no better. At 10 epochs, GroupNorm did no better.")
+    assert f.text.endswith("; EvoNorm-S0 does no better than BN. At 10 epochs, GroupNorm did no "
+                           "better.")
     same = converge.Converge(runs["same"], ten)
     assert converge.finding(same)[0].text.endswith(". Each fix's state is as at 10 epochs.")
     unsure = data(tmp_path / "unsure", {**TEN, "syncbn": [63.0, 55.0, 64.0, 54.0, 61.0]})
     text = converge.finding(converge.Converge(forty, unsure))[0].text
-    assert text.endswith(". As SyncBN was unclear at 10 epochs, the ranking is undecided; at 10 "
-                         "epochs GroupNorm did no better.")
+    assert text.endswith(". As the seeds could not judge SyncBN at 10 epochs (unclear), the rule "
+                         "leaves the ranking undecided; at 10 epochs GroupNorm did no better.")
     assert converge.finding(converge.Converge(forty, None))[0].text.endswith(
-        "does no better. Its 10-epoch states are still to come.")  # table-recover's to come
+        "does no better than BN. Its 10-epoch states are still to come.")  # table-recover's to come
     short = converge.Converge(runs["short"], ten)
     assert converge.finding(short)[0].text == \
         "Trained 4x longer on resnet20 (40 epochs, cosine): runs still to come."

@@ -130,8 +130,8 @@ def test_the_finding_says_when_no_fix_without_communication_does_better(monkeypa
                             "held-out pilot chose. Finding 4 trains GroupNorm 20 epochs at 1/16 "
                             "of the default rate, BN at that same rate.")
     assert after.endswith("`make demo` trains torchvision resnet18 at 32 px, finding 2's second "
-                          "input, on a shorter protocol of its own; there, plain "
-                          "GroupNorm plateaus 9.0 points above BN in finding 2's table.")
+                          "input, on a shorter protocol of its own; for that input, plain "
+                          "GroupNorm in finding 2's table plateaus 9.0 points above BN.")
     assert recover.versus({"gain": -0.04}) == "plateaus level with BN"
     other["syncbn"] = entry("syncbn", "recovers", 9.5)
     by_input["resnet18 32 px"]["best"] = other["syncbn"]

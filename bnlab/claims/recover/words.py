@@ -186,8 +186,8 @@ def reconciled(done: dict[str, dict] | None = None) -> str:
     g2 = None if second is None else done[second]["fixes"].get("gn")
     demo = "" if g2 is None else (
         f" `make demo` trains {WORDS.get(second, second)}, finding 2's second input, on a "
-        f"shorter protocol of its own; there, plain GroupNorm {versus(g2)} in finding "
-        "2's table.")
+        f"shorter protocol of its own; for that input, plain GroupNorm in finding 2's table "
+        f"{versus(g2)}.")
     return (f"{first}Finding 4 trains GroupNorm {epochs} epochs at 1/{here / gn['lr']:g} of the "
             f"default rate, BN at that same rate.{demo}")
 
