@@ -58,6 +58,13 @@ def longer() -> dict | None:
         got.get("epochs") else None
 
 
+def lengths(entries: list[dict]) -> tuple[dict | None, dict | None]:
+    """converge.json's entry and, among `entries`, table-recover's entry for the same input
+    (its 10-epoch runs); (_, None) where either is missing."""
+    long = longer()
+    return long, next((e for e in entries if long and e.get("input") == long["input"]), None)
+
+
 def at_length(entry: dict) -> str:
     """'on resnet20 trained 40 epochs'."""
     return f"on {entry['input']} trained {entry['epochs']} epochs"
@@ -129,8 +136,7 @@ def measured(fix: str, values: int | None = None) -> str:
 def lengthwise(fix: str, entries: list[dict]) -> str:
     """'; on resnet20 trained 40 epochs it differs: ...' where the longer runs give `fix`
     another state than table-recover did on the same input; empty otherwise."""
-    long = longer()
-    ten = next((e for e in entries if long and e.get("input") == long["input"]), None)
+    long, ten = lengths(entries)
     if ten is None or fix not in long["fixes"] or fix not in ten["fixes"] or \
             long["fixes"][fix]["state"] == ten["fixes"][fix]["state"]:
         return ""
@@ -176,8 +182,7 @@ def free_lengthwise(entries: list[dict]) -> str:
     """'; on resnet20 trained 40 epochs it differs: ...' where, among the fixes without per-step
     communication that both lengths trained, the longer runs' best is another fix, or beats BN
     where the shorter's did not (or the reverse); empty otherwise."""
-    long = longer()
-    ten = next((e for e in entries if long and e.get("input") == long["input"]), None)
+    long, ten = lengths(entries)
     if ten is None:
         return ""
     free = [f for f in long["fixes"] if f in ten["fixes"] and f in FREE]

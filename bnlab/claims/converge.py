@@ -256,7 +256,7 @@ def plot(data: Converge, path: Path) -> None:
                   [recover.NAMES.get(f, f) for f in FIXES])
     ax.set(xlabel="share of bn's loss recovered (%, 95% CI; 0 = bn at 4 x 2, 100 = 1 x 8)")
     ax.grid(alpha=0.3, axis="x")
-    answer = ranking(data)[0] if data.runs is not None else "undecided"
+    answer = ranking(data)[0]
     save(fig, path, "Does the ranking hold 4x longer? (resnet20, 4 ranks x 2)" + (
         "" if measured(data) is None else f"\nat {EPOCHS} epochs the ranking " + (
             "is undecided (a fix unclear at one length)" if answer == "undecided" else answer)))
@@ -312,11 +312,6 @@ def short(fix: str) -> str:
     return recover.SHORT.get(fix, recover.NAMES.get(fix, fix))
 
 
-def listed(names: list[str]) -> str:
-    """'a', 'a and b', 'a, b and c'."""
-    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
-
-
 def share_words(e: dict, first: bool) -> str:
     """'SyncBN gets back 95% of BN's loss (95% CI 80 to 110)' (`first`), else 'SyncBN 95% (80
     to 110)'; 'all' where its runs equal the reference's; its state where it has no share."""
@@ -341,7 +336,7 @@ def at_forty(got: dict) -> str:
     if not better:
         return "no fix beats BN"
     return ", ".join(better) + ("" if not worse else
-                                f"; {listed(worse)} do{'es' * (len(worse) == 1)} no better "
+                                f"; {page.listed(worse)} do{'es' * (len(worse) == 1)} no better "
                                 "than BN")
 
 
@@ -351,14 +346,14 @@ def finding(data: Converge) -> list[Finding]:
     epochs; a line saying its runs are to come until they have ended."""
     head = f"Trained 4x longer on {INPUT} ({EPOCHS} epochs, cosine)"
     got = measured(data)
-    if data.runs is None or got is None:
+    if got is None:
         return [Finding(f"{head}: runs still to come.", "converge", rules.mark(RULES),
                         rank=2, extends="recover")]
     if got["bn_breaks"]:
         text = f"{head}, {at_forty(got)}."
     else:
         text = (f"{head}, BN at 4 x 2 no longer breaks, so no share of its loss is read: "
-                + listed([f"{short(f)} {e['state']}" for f, e in got["fixes"].items()]) + ".")
+                + page.listed([f"{short(f)} {e['state']}" for f, e in got["fixes"].items()]) + ".")
     return [Finding(f"{text} {held(data, got)}", "converge", rules.mark(RULES), rank=2,
                     extends="recover")]
 
@@ -374,10 +369,10 @@ def held(data: Converge, got: dict) -> str:
     states = {f: (ten[f]["state"], got["fixes"][f]["state"]) for f in FIXES}
     unclear = [f for f, (a, b) in states.items() if "unclear" in (a, b)]
     changed = [f for f, (a, b) in states.items() if a != b and f not in unclear]
-    was = listed([f"{short(f)} {DID[states[f][0]]}" for f in changed])
+    was = page.listed([f"{short(f)} {DID[states[f][0]]}" for f in changed])
     if not unclear:
         return f"At 10 epochs, {was}." if changed else "Each fix's state is as at 10 epochs."
-    why = listed([f"{short(f)} at " + listed(
+    why = page.listed([f"{short(f)} at " + page.listed(
         [n for n, s in zip(("10", str(EPOCHS)), states[f], strict=True) if s == "unclear"])
         + " epochs" for f in unclear])
     rest = (f"at 10 epochs {was}" if changed else "the others' verdicts are unchanged")

@@ -47,6 +47,11 @@ def model(cells: list[CellResult]) -> str:
     return " and ".join(names) or "the model"
 
 
+def listed(names: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c': names in a sentence."""
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
+
+
 def md_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])

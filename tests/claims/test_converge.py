@@ -11,6 +11,7 @@ from test_recover import data
 
 from bnlab.claims import converge, recover
 from bnlab.errors import BnlabError
+from bnlab.lab import page
 from bnlab.lab.plan import Cell
 from bnlab.lab.results import CellResult
 from bnlab.paths import EXPERIMENTS, MEASURED
@@ -113,7 +114,7 @@ def test_where_no_fix_beats_bn_or_bn_no_longer_breaks_the_finding_says_so(runs, 
     text = converge.finding(converge.Converge(whole, runs["ten"]))[0].text
     assert text.startswith("Trained 4x longer on resnet20 (40 epochs, cosine), BN at 4 x 2 no "
                            "longer breaks, so no share of its loss is read: SyncBN recovers, ")
-    assert converge.listed(["a"]) == "a" and converge.listed(["a", "b", "c"]) == "a, b and c"
+    assert page.listed(["a"]) == "a" and page.listed(["a", "b", "c"]) == "a, b and c"
 
 
 def test_converge_json_holds_each_fix_as_advice_json_does(runs, tmp_path):

@@ -18,7 +18,7 @@ from bnlab.claims.recover.cells import (
     picks,
     reference,
 )
-from bnlab.lab import rules
+from bnlab.lab import page, rules
 from bnlab.lab.table import Finding, RunsData
 from bnlab.paths import CONFIGS, EXPERIMENTS
 
@@ -120,8 +120,7 @@ def ranked(p: dict) -> str:
     else:
         tail = (f"{', '.join(worse)} do{'es' * (len(worse) == 1)} no better than BN"
                 if worse else "")
-    head = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)
-    return "; ".join(x for x in (head, tail) if x)
+    return "; ".join(x for x in (page.listed(parts), tail) if x)
 
 
 def best_two(p: dict, first: bool = True) -> str:
