@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from bnlab import floatenv
 from bnlab.paths import ROOT
 
 PACKAGES = ("torch", "torchvision", "hydra-core", "omegaconf", "numpy", "wandb")
@@ -165,21 +166,26 @@ def write_run_info(run_dir: Path, cfg: dict, extra: dict) -> None:
     run_dir = Path(run_dir)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     info = {"commit": git_commit(), "versions": versions(), "host": socket.gethostname(),
-            "machine": machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
+            "machine": machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "floats": floatenv.record(), **extra}
     (run_dir / "run.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
-def note_resume(run_dir: Path, step: int, dropped_lines: int, device: str | None = None) -> None:
-    """Add this resume (when, from which step, this commit, machine and device) to run.json's
-    `resumed` list."""
+def note_resume(run_dir: Path, step: int, dropped_lines: int,
+                device: str | None = None) -> list[str]:
+    """Add this resume (when, from which step, this commit, machine, device and what its floats
+    depend on) to run.json's `resumed` list; returns what differs in the floats' record from
+    the run's start (["not recorded"] for a run started before runs recorded it)."""
     path = Path(run_dir) / "run.json"
     info = json.loads(path.read_text()) if path.is_file() else {}
+    floats = floatenv.record()
     info.setdefault("resumed", []).append({
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "from_step": step,
         "metrics_lines_dropped": dropped_lines, "commit": git_commit(),
         "host": socket.gethostname(), "machine": machine(),
-        **({"device": device} if device else {})})
+        **({"device": device} if device else {}), "floats": floats})
     path.write_text(json.dumps(info, indent=2) + "\n")
+    return floatenv.differences(info.get("floats"), floats)
 
 
 def set_status(run_dir: Path, status: str, **detail) -> None:

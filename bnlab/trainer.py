@@ -233,7 +233,11 @@ def setup(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None,
         if resuming:
             truncate_metrics(run_dir, step, PREDICTIONS)
             dropped = truncate_metrics(run_dir, step)
-            note_resume(run_dir, step, dropped, str(env.device))
+            differs = note_resume(run_dir, step, dropped, str(env.device))
+            if differs and differs != ["not recorded"]:
+                dist.print0(f"bnlab: warning: this resume computes with another "
+                            f"{', '.join(differs)} than the run's start (run.json's floats): "
+                            "from here its numbers are not those of one uninterrupted run.")
             dist.print0(f"resuming {run_dir} at step {step} (epoch {epoch0 + 1}, step "
                         f"{start} of {spe}); dropped {dropped} metrics line(s) past it")
         else:

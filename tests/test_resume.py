@@ -97,6 +97,8 @@ def test_kill_9_mid_epoch_then_resume_reproduces_the_run_bitwise(reference, tmp_
     info = json.loads((d / "run.json").read_text())
     assert len(info["resumed"]) == 1 and info["resumed"][0]["from_step"] in (8, 12)
     assert info["resumed"][0]["machine"] == info["machine"]
+    assert info["resumed"][0]["floats"] == info["floats"]  # same CPU, threads, torch: no warning
+    assert "warning: this resume computes with another" not in p.stdout
 
 
 @pytest.mark.slow  # CI time (31 s); make test-slow runs it

@@ -60,6 +60,13 @@ def test_single_process_run_writes_a_complete_run_directory(single_run):
     assert info["bn_values_per_channel"]["layers.8.bn2"] == 8 * 8 * 8
     assert info["versions"]["torch"] == torch.__version__.split("+")[0] and "commit" in info
     assert info["machine"] == machine()  # the tables name it per run (one host name can be many)
+    floats = info["floats"]  # what the floats depend on (an AVX2 CPU rounds unlike an AVX-512 one)
+    assert floats["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert floats["threads"] == 1 and floats["torch"]["version"] == torch.__version__
+    assert floats["torch"]["onednn"] and floats["torch"]["mkl"]  # this build has both
+    assert {"vendor", "family", "model", "flags"} <= set(floats["cpu"])
+    assert "avx2" in floats["cpu"]["flags"] or floats["cpu"]["arch"] != "x86_64"
+    assert floats["kernel_env"].get("OMP_NUM_THREADS") == os.environ.get("OMP_NUM_THREADS")
     assert json.loads((d / "status.json").read_text())["status"] == "completed"
     rows = read_jsonl(d / "metrics.jsonl")
     keys = set().union(*rows)
