@@ -13,7 +13,7 @@ export BNLAB_TEST_DATA ?= $(abspath ../shared/data/cifar10-mini)
 .DEFAULT_GOAL := help
 .PHONY: help install test test-gpu gpu-check test-slurm test-slow lint demo bench perf-doc clean table-jitter table-batch table-ranks \
 	tables report table-pitfalls figure-losslog table-evalmode table-rankstats table-sync \
-	table-precisebn layout table-lrpilot table-recoverpilot table-recover table-converge table-plateau table-decompose table-pilot table-lr table-fixes table-values
+	table-precisebn layout table-lrpilot table-recoverpilot table-practicepilot table-recover table-converge table-plateau table-decompose table-pilot table-lr table-fixes table-values
 JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 # make table-X runs bnlab/claims/X.py: its sweep (DATA, JOBS, RUNS), what it measures, experiments/X/
 # LAUNCH: where the sweep's runs go (default this machine), e.g. LAUNCH="--launcher slurm
@@ -88,6 +88,9 @@ table-lr: install ## C1 C3 C4 on the settled protocol: the learning-rate crossov
 
 table-fixes: install ## C6 C8 C9 on the settled protocol: PreciseBN, gn, frozen BN at the rate C1 is ruled at (hours) -> experiments/fixes/
 	$(CLAIMS) fixes
+
+table-practicepilot: install ## table-practice's pilot: the reference's length and each fix's rate, on 1,000 held-out images (hours) -> experiments/practicepilot/
+	$(CLAIMS) practicepilot
 
 table-recoverpilot: install ## table-recover's pilot: each fix's rate (and setting) on 1,000 held-out images (hours) -> experiments/recoverpilot/
 	$(CLAIMS) recoverpilot

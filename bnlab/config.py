@@ -147,6 +147,10 @@ def _check_optim(cfg: dict) -> None:
     _need(_is_num(o["weight_decay"]) and o["weight_decay"] >= 0, "optim.weight_decay",
           "a non-negative number", o["weight_decay"])
     _need(isinstance(o["nesterov"], bool), "optim.nesterov", "true or false", o["nesterov"])
+    _need(isinstance(o.get("decay_norms", True), bool), "optim.decay_norms", "true or false",
+          o.get("decay_norms"))
+    z = cfg["model"].get("zero_init_residual", False)
+    _need(isinstance(z, bool), "model.zero_init_residual", "true or false", z)
     _need(not o["nesterov"] or o.get("name", "sgd") == "sgd", "optim.nesterov",
           "false with AdamW (Nesterov momentum is SGD's)", o["nesterov"])
     _need(not o["nesterov"] or o["momentum"] > 0, "optim.nesterov",

@@ -30,21 +30,41 @@ def peak_lr(cfg: dict, images_per_step: int) -> float:
     return cfg["lr"] * images_per_step / base if base else cfg["lr"]
 
 
+def is_norm(module: nn.Module) -> bool:
+    """A normalization layer of any kind bnlab converts to (BN and its variants, GroupNorm,
+    LayerNorm, EvoNorm): its parameters are a scale, a shift and, for EvoNorm, v."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    name = type(module).__name__
+    return isinstance(module, _BatchNorm | nn.GroupNorm | nn.LayerNorm) or "Norm" in name
+
+
+def param_groups(model: nn.Module, weight_decay: float, decay_norms: bool) -> list[dict]:
+    """Every parameter at `weight_decay`, or, with decay_norms false, the normalization
+    layers' parameters and every bias in a second group without it (timm's practice)."""
+    if decay_norms:
+        return [{"params": list(model.parameters()), "weight_decay": weight_decay}]
+    plain, decayed = [], []
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            (plain if is_norm(module) or name == "bias" else decayed).append(p)
+    return [{"params": decayed, "weight_decay": weight_decay},
+            {"params": plain, "weight_decay": 0.0}]
+
+
 def build_optimizer(cfg: dict, model: nn.Module, steps_per_epoch: int, epochs: int,
                     images_per_step: int = 0):
-    """Plain SGD over every parameter (as in the reports), or AdamW (`name: adamw`, beta1 =
-    `momentum`), at peak_lr, + a per-step LambdaLR schedule."""
+    """Plain SGD (as in the reports), or AdamW (`name: adamw`, beta1 = `momentum`), at peak_lr,
+    with weight decay on every parameter or (`decay_norms: false`) on all but the
+    normalization layers' and the biases, + a per-step LambdaLR schedule."""
     if cfg.get("scale_from", 0) and images_per_step <= 0:
         raise ValueError("optim.scale_from needs the images per optimizer step")
     lr = peak_lr(cfg, images_per_step)
+    groups = param_groups(model, cfg["weight_decay"], cfg.get("decay_norms", True))
     if cfg.get("name", "sgd") == "adamw":
-        opt = torch.optim.AdamW(model.parameters(), lr=lr,
-                                betas=(cfg["momentum"], 0.999), weight_decay=cfg["weight_decay"])
+        opt = torch.optim.AdamW(groups, lr=lr, betas=(cfg["momentum"], 0.999))
     else:
-        opt = torch.optim.SGD(
-            model.parameters(), lr=lr, momentum=cfg["momentum"],
-            weight_decay=cfg["weight_decay"], nesterov=cfg["nesterov"],
-        )
+        opt = torch.optim.SGD(groups, lr=lr, momentum=cfg["momentum"], nesterov=cfg["nesterov"])
     total = steps_per_epoch * epochs
     warmup = round(cfg["warmup_epochs"] * steps_per_epoch)
     sched = torch.optim.lr_scheduler.LambdaLR(

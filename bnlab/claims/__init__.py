@@ -25,6 +25,7 @@ from bnlab.claims import (
     pilot,
     pitfalls,
     plateau,
+    practicepilot,
     precisebn,
     ranks,
     rankstats,
@@ -37,7 +38,7 @@ from bnlab.lab import make, table
 
 TABLES: dict[str, table.Table] = {m.TABLE.name: m.TABLE for m in (
     jitter, batch, ranks, evalmode, rankstats, sync, precisebn, losslog, pitfalls, lrpilot, plateau,
-    decompose, pilot, lr, fixes, values, recoverpilot, recover, converge)}
+    decompose, pilot, lr, fixes, values, recoverpilot, recover, converge, practicepilot)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,8 @@ class Rules:
     prefer: dict[str, tuple[str, list]]  # fix -> (setting key, values best first)
     versions: list[dict]
     text: dict[str, str]                 # score, candidate, choose, edge, ... in words
+    measure: str = "plateau"             # plateau: the second half's mean | end: the last tenth's
+    edge_factor: float = 4.0             # the rate added past a ladder's edge: x or / this
 
     @classmethod
     def read(cls, path: Path) -> Rules:
@@ -37,16 +39,29 @@ class Rules:
         raw = yaml.safe_load(path.read_text())
         prefer = {fix: (p["key"], list(p["order"])) for fix, p in raw.get("prefer", {}).items()}
         text = {k: v for k, v in raw.items() if isinstance(v, str)}
-        return cls(float(raw["tie_points"]), prefer, raw["versions"], text)
+        measure = raw.get("measure", "plateau")
+        if measure not in ("plateau", "end"):
+            raise BnlabError(f"{path}: measure '{measure}' is unknown; write plateau or end.")
+        return cls(float(raw["tie_points"]), prefer, raw["versions"], text, measure,
+                   float(raw.get("edge_factor", 4.0)))
 
 
-def score(c: CellResult) -> float | None:
-    """Mean held-out plateau accuracy over the cell's seeds; None unless every seed completed
-    and none diverged (no candidate)."""
+def accs(c: CellResult, measure: str = "plateau") -> list[float]:
+    """Each finished seed's held-out accuracy by `measure`: the plateau's mean (the second
+    half of training) or the end's (the evaluations of its last tenth)."""
+    if measure == "end":
+        vals = [r.end_acc(c.epochs) for r in c.runs]
+        return [v for v in vals if v is not None]
+    return c.jitter_values("plateau_acc")
+
+
+def score(c: CellResult, rules: Rules | None = None) -> float | None:
+    """Mean held-out accuracy (by the rules' measure) over the cell's seeds; None unless every
+    seed completed and none diverged (no candidate)."""
     if len(c.runs) < c.expected or c.diverged:
         return None
-    accs = c.jitter_values("plateau_acc")
-    return float(np.mean(accs)) if len(accs) == c.expected else None
+    vals = accs(c, rules.measure if rules else "plateau")
+    return float(np.mean(vals)) if len(vals) == c.expected else None
 
 
 def setting(c: CellResult, rules: Rules) -> object:
@@ -71,7 +86,7 @@ def choose(cells: list[CellResult], rules: Rules) -> dict:
     if waiting:
         return {"state": "undecided", "cell": None, "edge": None,
                 "why": f"runs still to come ({len(waiting)} of {len(cells)} cells lack seeds)"}
-    scored = [(c, score(c)) for c in cells]
+    scored = [(c, score(c, rules)) for c in cells]
     ok = [(c, s) for c, s in scored if s is not None]
     if not ok:
         return {"state": "no candidate", "cell": None, "edge": None,
@@ -90,7 +105,8 @@ def choose(cells: list[CellResult], rules: Rules) -> dict:
     lr, edge = pick.cell.meta["lr"], None
     extended = any(c.cell.meta.get("edge") for c in cells)  # the rule adds a rate once
     if len(rates) > 1 and lr in (rates[0], rates[-1]) and not extended:
-        edge = lr / 4 if lr == rates[0] else lr * 4
+        f = rules.edge_factor
+        edge = lr / f if lr == rates[0] else lr * f
     top = max(ok, key=lambda cs: cs[1])[0]
     why = (f"best {best:.1f}% ({top.cell.label}); within {rules.tie:g} point: "
            f"{len(tied)} cell(s); the rule takes {pick.cell.label}")

@@ -100,6 +100,15 @@ class Run:
         losses = [r["train/loss"] for r in self.rows if "train/loss" in r]
         return self.status == "diverged" or any(v is None or not math.isfinite(v) for v in losses)
 
+    def end_acc(self, total_epochs: float, tail: float = 0.1) -> float | None:
+        """The mean val acc over the evaluations of the last `tail` of training (a run whose
+        rate decays to zero ends there); None for a diverged run or one without them."""
+        if self.diverged:
+            return None
+        accs = [a for e, a in zip(self.epochs, self.accs, strict=True)
+                if e > (1 - tail) * total_epochs + 1e-9]
+        return sum(accs) / len(accs) if accs else None
+
     def metrics(self, total_epochs: float) -> dict[str, float | None]:
         if self.diverged or not self.accs:
             return {}
