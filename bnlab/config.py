@@ -18,7 +18,7 @@ from bnlab.data import DATASETS, cifar_missing_message, cifar_present
 from bnlab.dist import world_size
 from bnlab.errors import BnlabError
 from bnlab.models import MODELS
-from bnlab.norms import NORMS
+from bnlab.norms import NORMS, PLACEMENTS
 from bnlab.optim import OPTIMIZERS, SCHEDULES
 from bnlab.precise_bn import ESTIMATORS, POOLINGS
 from bnlab.precision import PRECISIONS
@@ -125,6 +125,11 @@ def _check_data(cfg: dict) -> None:
     _choice(cfg, "model.name", sorted(MODELS))
     _choice(cfg, "data.name", sorted(DATASETS))
     _choice(cfg, "norm.kind", sorted(NORMS))
+    if cfg["norm"]["kind"] == "evonorm" and "placement" in cfg["norm"]:
+        _choice(cfg, "norm.placement", PLACEMENTS)
+        _need(cfg["norm"]["placement"] == "each_bn" or cfg["model"]["name"] == "resnet20",
+              "norm.placement", "each_bn for this model (norm_act knows resnet20's blocks only)",
+              cfg["norm"]["placement"])
     for k in ("data.train_limit", "data.val_limit"):
         _pos_int(cfg, k, "a non-negative integer (0 = all)", minimum=0)
     _pos_int(cfg, "data.holdout", "a non-negative integer (training images held out; 0 = none)",

@@ -30,7 +30,8 @@ class BasicBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(cout)
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(cout)
-        self.relu = nn.ReLU(inplace=True)
+        self.relu1 = nn.ReLU(inplace=True)  # after bn1 (its own module: a norm-act can take it)
+        self.relu = nn.ReLU(inplace=True)   # after the residual add
         self.shortcut = nn.Sequential()
         if stride != 1 or cin != cout:
             self.shortcut = nn.Sequential(
@@ -38,7 +39,7 @@ class BasicBlock(nn.Module):
             )
 
     def forward(self, x):
-        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu1(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         return self.relu(out + self.shortcut(x))
 

@@ -120,22 +120,26 @@ class EvoNormS0(nn.Module):
     BN + ReLU; converted into a model it replaces BN alone, and the model's ReLU stays)."""
 
     def __init__(self, num_features: int, groups: int = 32, eps: float = 1e-5,
-                 device=None, dtype=None):
+                 nonlinearity: bool = True, device=None, dtype=None):
         super().__init__()
         if num_features % groups:
             raise ValueError(f"{groups} groups do not divide {num_features} channels")
         kw = {"device": device, "dtype": dtype}
         self.num_features, self.groups, self.eps = num_features, groups, eps
+        self.nonlinearity = nonlinearity
         self.weight = nn.Parameter(torch.ones(num_features, **kw))
         self.bias = nn.Parameter(torch.zeros(num_features, **kw))
         self.v = nn.Parameter(torch.ones(num_features, **kw))
 
     def extra_repr(self) -> str:
-        return f"{self.num_features}, groups={self.groups}, eps={self.eps}"
+        return f"{self.num_features}, groups={self.groups}, eps={self.eps}" + \
+            ("" if self.nonlinearity else ", nonlinearity=False")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, c = x.shape[:2]
         per = (1, c) + (1,) * (x.dim() - 2)
+        if not self.nonlinearity:  # the authors' (and timm's apply_act=False): affine only
+            return x * self.weight.view(per).to(x.dtype) + self.bias.view(per).to(x.dtype)
         grouped = x.reshape(n, self.groups, -1).float()
         std = (grouped.var(2, unbiased=False, keepdim=True) + self.eps).sqrt()
         std = std.expand_as(grouped).reshape(x.shape).to(x.dtype)
@@ -160,8 +164,8 @@ def _groups(bn, name: str, groups: int, cap_groups: bool) -> int:
     return g
 
 
-def _evonorm(bn, name, groups=32, cap_groups=True, eps=_KEEP):
-    g = _groups(bn, name, groups, cap_groups)
+def _evonorm(bn, name, groups=32, cap_groups=True, eps=_KEEP, placement="each_bn"):
+    g = _groups(bn, name, groups, cap_groups)  # placement: convert's, after every layer
     layer = EvoNormS0(bn.num_features, g, bn.eps if eps is _KEEP else eps, **_factory(bn))
     return _carry(bn, layer, ("weight", "bias"))  # BN's per-channel affine is EvoNorm's
 
@@ -300,7 +304,45 @@ def convert(model: nn.Module, kind: str, *, skip: Iterable[str] = (), **opts) ->
         except TypeError as e:
             raise BnlabError(f"norm={kind} got an option it does not take ({e}).") from None
 
-    return _swap(model, pick)
+    out = _swap(model, pick)
+    if kind == "evonorm" and opts.get("placement", "each_bn") != "each_bn":
+        if opts["placement"] not in PLACEMENTS:
+            raise BnlabError(f"norm.placement='{opts['placement']}' is unknown; choose one of "
+                             f"{', '.join(PLACEMENTS)}.")
+        place_norm_act(out)
+    return out
+
+
+# EvoNorm-S0 as its authors place it (Liu et al. 2020's TPU ResNet; timm's norm-act layers):
+# (norm, activation) pairs of a block class whose norm is followed by that activation alone.
+NORM_ACT = {"BasicBlock": (("bn1", "relu1"),), "ResNetCifar": (("bn1", "relu"),)}
+PLACEMENTS = ("each_bn", "norm_act")
+
+
+def place_norm_act(model: nn.Module) -> int:
+    """EvoNorm-S0 where its authors put it, in a model whose BNs `convert` made EvoNorm-S0:
+    each one followed by its block's ReLU takes the ReLU's place too (the ReLU becomes an
+    Identity), every other one (the block's last, the projection shortcut's) runs without
+    its nonlinearity, affine only. Refused for a model with no block it knows (NORM_ACT).
+    Returns how many ReLUs it took."""
+    paired = set()
+    for block in model.modules():
+        for norm, act in NORM_ACT.get(type(block).__name__, ()):
+            layer = getattr(block, norm, None)
+            if isinstance(layer, EvoNormS0) and isinstance(getattr(block, act, None), nn.ReLU):
+                paired.add(id(layer))
+                setattr(block, act, nn.Identity())
+    if not paired:
+        raise BnlabError(
+            "norm.placement=norm_act knows the blocks of bnlab's resnet20 only (a BN followed "
+            "by its own ReLU module); use norm.placement=each_bn (EvoNorm-S0 in place of every "
+            "BN, the model's ReLUs kept) for this model.")
+    for m in model.modules():
+        if isinstance(m, EvoNormS0):
+            m.nonlinearity = id(m) in paired
+            if not m.nonlinearity:
+                m.v = None  # unused there: no parameter DDP would wait for
+    return len(paired)
 
 
 def revert(model: nn.Module) -> nn.Module:

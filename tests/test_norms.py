@@ -345,3 +345,77 @@ def test_a_process_group_is_for_syncbn_alone_in_place_of_sync_group():
                       process_group=object())
     with pytest.raises(BnlabError, match="does not take"):
         bnlab.convert(nn.Sequential(nn.BatchNorm2d(4)), "bn", process_group=object())
+
+
+# ----------------------------------------------------------------------------------------
+# EvoNorm-S0 as its authors place it (norm.placement=norm_act), against timm's EvoNorm2dS0
+
+
+def _timm_block(ours):
+    """bnlab's converted block rebuilt from timm's layers: EvoNorm2dS0 with its activation in
+    place of bn1 + ReLU, apply_act=False for bn2 and the shortcut, ReLU after the add."""
+    timm_layers = pytest.importorskip("timm.layers")
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = copy.deepcopy(ours.conv1), copy.deepcopy(ours.conv2)
+            self.n1 = timm_layers.EvoNorm2dS0(ours.bn1.num_features, groups=ours.bn1.groups)
+            self.n2 = timm_layers.EvoNorm2dS0(ours.bn2.num_features, groups=ours.bn2.groups,
+                                              apply_act=False)
+            conv, norm = ours.shortcut
+            self.sc = torch.nn.Sequential(copy.deepcopy(conv), timm_layers.EvoNorm2dS0(
+                norm.num_features, groups=norm.groups, apply_act=False))
+            with torch.no_grad():
+                for dst, src in ((self.n1, ours.bn1), (self.n2, ours.bn2), (self.sc[1], norm)):
+                    dst.weight.copy_(src.weight)
+                    dst.bias.copy_(src.bias)
+                self.n1.v.copy_(ours.bn1.v)
+
+        def forward(self, x):
+            out = self.n2(self.conv2(self.n1(self.conv1(x))))
+            return torch.relu(out + self.sc(x))
+
+    return Block()
+
+
+def test_evonorm_as_its_authors_place_it_equals_timms_residual_block():
+    from bnlab.models import resnet20
+
+    torch.manual_seed(0)
+    m = bnlab.convert(resnet20(), "evonorm", groups=8, placement="norm_act")
+    ours = m.layers[3]  # 16 -> 32 channels, stride 2: a projection shortcut
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # away from the initial ones and zeros
+    assert isinstance(ours.relu1, torch.nn.Identity) and ours.bn1.nonlinearity
+    assert not ours.bn2.nonlinearity and ours.bn2.v is None and not ours.shortcut[1].nonlinearity
+    theirs = _timm_block(ours)
+    x = torch.randn(4, 16, 8, 8, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    a, b = ours(x), theirs(x2)
+    torch.testing.assert_close(a, b)
+    a.square().sum().backward()
+    b.square().sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    torch.testing.assert_close(ours.bn1.v.grad, theirs.n1.v.grad)
+    torch.testing.assert_close(ours.conv1.weight.grad, theirs.conv1.weight.grad)
+    torch.testing.assert_close(ours.shortcut[1].weight.grad, theirs.sc[1].weight.grad)
+
+
+def test_norm_act_placement_takes_every_relu_after_a_norm_and_keeps_those_after_the_add():
+    from bnlab.models import resnet20
+
+    m = bnlab.convert(resnet20(), "evonorm", groups=8, placement="norm_act")
+    kinds = [type(mod).__name__ for name, mod in m.named_modules() if name.endswith("relu1")]
+    assert kinds == ["Identity"] * 9 and isinstance(m.relu, torch.nn.Identity)  # the stem's too
+    assert all(isinstance(b.relu, torch.nn.ReLU) for b in m.layers)  # after the add: kept
+    evo = [mod for mod in m.modules() if type(mod).__name__ == "EvoNormS0"]
+    assert sum(e.nonlinearity for e in evo) == 10 and len(evo) == 21  # stem + 9 bn1; 9 bn2 + 2
+
+
+def test_norm_act_placement_refuses_a_model_whose_blocks_it_does_not_know():
+    import torchvision
+
+    with pytest.raises(BnlabError, match="norm.placement=norm_act knows the blocks"):
+        bnlab.convert(torchvision.models.resnet18(), "evonorm", placement="norm_act")

@@ -24,12 +24,13 @@ OPTIM = {"name": "sgd", "lr": 0.1, "scale_from": 0, "momentum": 0.9, "weight_dec
 def test_every_block_starts_as_its_shortcut_whatever_the_norm(kind):
     torch.manual_seed(0)
     opts = {"groups": 8} if kind in ("gn", "gnws", "evonorm") else {}
+    if kind == "evonorm":  # as its authors place it: the block's last one affine only
+        opts["placement"] = "norm_act"
     m = convert(resnet20(), kind, **opts).eval()
     assert zero_init_residual(m) == 9  # resnet20: 9 BasicBlocks
     block = m.layers[1]  # 16 -> 16 channels: an identity shortcut
     x = torch.randn(2, 16, 8, 8)
-    if kind != "evonorm":  # EvoNorm's last layer still applies its activation (its own issue)
-        torch.testing.assert_close(block(x), torch.relu(x), rtol=0, atol=0)
+    torch.testing.assert_close(block(x), torch.relu(x), rtol=0, atol=0)
     assert all(float(b.bn2.weight.detach().abs().sum()) == 0 for b in m.layers)
 
 
