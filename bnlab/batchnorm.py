@@ -261,8 +261,10 @@ class BatchRenorm(RankBatchNorm):
 
     def __init__(self, num_features: int, r_max: float = 3.0, d_max: float = 5.0,
                  hold_steps: int = 5000, r_ramp_steps: int = 40000, d_ramp_steps: int = 25000,
-                 **kw):
+                 ramp_of_run: dict | None = None, **kw):
         super().__init__(num_features, sync="none", **kw)
+        # {hold, r_ramp, d_ramp} as fractions of the run: set_run_length makes them steps
+        self.ramp_of_run = dict(ramp_of_run) if ramp_of_run else None
         if r_max < 1 or d_max < 0 or min(hold_steps, r_ramp_steps, d_ramp_steps) < 0:
             raise BnlabError(f"norm=brn needs r_max >= 1, d_max >= 0 and steps >= 0 (got "
                              f"r_max={r_max}, d_max={d_max}, hold_steps={hold_steps}, "
@@ -278,7 +280,16 @@ class BatchRenorm(RankBatchNorm):
         return ("kind=brn, " + _BatchNorm.extra_repr(self) + f", r_max={self.r_max}, "
                 f"d_max={self.d_max}, "
                 f"hold_steps={self.hold_steps}, r_ramp_steps={self.r_ramp_steps}, "
-                f"d_ramp_steps={self.d_ramp_steps}")
+                f"d_ramp_steps={self.d_ramp_steps}" +
+                (f", ramp_of_run={self.ramp_of_run}" if self.ramp_of_run else ""))
+
+    def set_run_length(self, total_steps: int) -> None:
+        """The hold and the two ramps from `ramp_of_run`'s fractions of a run of `total_steps`
+        training batches (the paper's 5k, 40k and 25k of its 160k steps: 1/32, 1/4, 5/32)."""
+        f = self.ramp_of_run
+        self.hold_steps = round(f["hold"] * total_steps)
+        self.r_ramp_steps = round(f["r_ramp"] * total_steps)
+        self.d_ramp_steps = round(f["d_ramp"] * total_steps)
 
     def limits(self) -> tuple[float, float]:
         """(r_max, d_max) at the batch about to be counted: 1 and 0 through `hold_steps`,
@@ -326,6 +337,16 @@ class BatchRenorm(RankBatchNorm):
             self.running_mean.copy_(rm[0])
             self.running_var.copy_(rv[0])
         return xhat.reshape(x.shape).to(x.dtype)
+
+
+def set_run_length(model: nn.Module, total_steps: int) -> dict | None:
+    """Give every BatchRenorm layer converted with `ramp_of_run` its hold and ramps in steps
+    of a run of `total_steps` training batches; returns those steps (None: no such layer)."""
+    layers = [m for m in model.modules() if isinstance(m, BatchRenorm) and m.ramp_of_run]
+    for m in layers:
+        m.set_run_length(total_steps)
+    return {"hold_steps": layers[0].hold_steps, "r_ramp_steps": layers[0].r_ramp_steps,
+            "d_ramp_steps": layers[0].d_ramp_steps} if layers else None
 
 
 def set_epoch(model: nn.Module, epoch: int) -> None:

@@ -125,6 +125,11 @@ def _check_data(cfg: dict) -> None:
     _choice(cfg, "model.name", sorted(MODELS))
     _choice(cfg, "data.name", sorted(DATASETS))
     _choice(cfg, "norm.kind", sorted(NORMS))
+    ramp = cfg["norm"].get("ramp_of_run") if cfg["norm"]["kind"] == "brn" else None
+    _need(ramp is None or (isinstance(ramp, dict) and set(ramp) == {"hold", "r_ramp", "d_ramp"}
+                           and all(_is_num(v) and 0 <= v <= 1 for v in ramp.values())),
+          "norm.ramp_of_run", "null or {hold, r_ramp, d_ramp}, each a fraction of the run in "
+          "[0, 1]", ramp)
     if cfg["norm"]["kind"] == "evonorm" and "placement" in cfg["norm"]:
         _choice(cfg, "norm.placement", PLACEMENTS)
         _need(cfg["norm"]["placement"] == "each_bn" or cfg["model"]["name"] == "resnet20",
@@ -244,6 +249,8 @@ def _check_records(cfg: dict) -> None:
 def _check_precise_bn(cfg: dict) -> None:
     _pos_int(cfg, "precise_bn.every", "a non-negative integer (epochs between runs; 0 = never)",
              minimum=0)
+    _need(isinstance(cfg["precise_bn"].get("before_eval", False), bool), "precise_bn.before_eval",
+          "true or false", cfg["precise_bn"].get("before_eval"))
     _need(isinstance(cfg["precise_bn"]["at_end"], bool), "precise_bn.at_end", "true or false",
           cfg["precise_bn"]["at_end"])
     _choice(cfg, "precise_bn.mode", ("apply", "measure"))
@@ -265,8 +272,10 @@ def _one_precise_batch(cfg: dict, key: str) -> None:
 
 
 def precise_bn_runs(cfg: dict) -> bool:
-    """Whether PreciseBN runs during training (every few epochs or at the end)."""
-    return cfg["precise_bn"]["every"] > 0 or cfg["precise_bn"]["at_end"]
+    """Whether PreciseBN runs during training (every few epochs, before each evaluation or at
+    the end)."""
+    pb = cfg["precise_bn"]
+    return pb["every"] > 0 or pb["at_end"] or pb.get("before_eval", False)
 
 
 def check_data(cfg: dict) -> None:

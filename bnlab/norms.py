@@ -106,10 +106,10 @@ def _frozen_bn(bn, name, eps=_KEEP, momentum=_KEEP, freeze_after=0):
 
 
 def _brn(bn, name, eps=_KEEP, momentum=_KEEP, r_max=3.0, d_max=5.0, hold_steps=5000,
-         r_ramp_steps=40000, d_ramp_steps=25000):
+         r_ramp_steps=40000, d_ramp_steps=25000, ramp_of_run=None):
     return _batch_stat_layer(BatchRenorm, bn, eps, momentum, r_max=r_max, d_max=d_max,
                              hold_steps=hold_steps, r_ramp_steps=r_ramp_steps,
-                             d_ramp_steps=d_ramp_steps)
+                             d_ramp_steps=d_ramp_steps, ramp_of_run=ramp_of_run)
 
 
 class EvoNormS0(nn.Module):

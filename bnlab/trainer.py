@@ -19,7 +19,7 @@ import yaml
 from tqdm import tqdm
 
 from bnlab import checkpoint, dist
-from bnlab.batchnorm import set_epoch
+from bnlab.batchnorm import set_epoch, set_run_length
 from bnlab.bn_sync import sync_bn_stats
 from bnlab.compat import ddp
 from bnlab.data import Dataset, TrainLoader, build_dataset
@@ -34,7 +34,13 @@ from bnlab.resume import load_latest, rank_state, restore, truncate_metrics
 from bnlab.rundir import note_resume, set_status, write_run_info
 from bnlab.simulate import SimulatedDDP
 from bnlab.syncbn import syncbn_impl
-from bnlab.validation import bn_health, evaluation, precise_bn_due, run_precise_bn
+from bnlab.validation import (
+    bn_health,
+    evaluation,
+    precise_bn_due,
+    recalibrate_before_eval,
+    run_precise_bn,
+)
 
 
 def ran_syncbn(cfg: dict, env: dist.DistEnv, sim: int) -> str | None:
@@ -221,6 +227,7 @@ def setup(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None,
     dist.print0(essentials(cfg, len(data.train), len(data.val), data.size, env, per_step))
     evals = eval_points(spe, cfg["eval_every"])  # dense epochs; the others evaluate at the end
     opt, sched = build_optimizer(cfg["optim"], model, spe, cfg["epochs"], per_step)
+    brn_steps = set_run_length(model, spe * cfg["epochs"] * cfg["grad_accum"])  # brn's shares
     meters = [Meter(env.device), Meter(env.device)]
     ckpt = load_latest(run_dir) if resuming else None  # after wrap: own buffers win over DDP's
     epoch0, start, step = restore(ckpt, model, opt, sched, meters, env) if ckpt else (0, 0, 0)
@@ -229,7 +236,7 @@ def setup(cfg: dict, run_dir: Path, env: dist.DistEnv, meta: dict | None,
         info = {"world": world, "simulated": sim > 1, "processes": env.world,
                 "device": str(env.device), "backend": env.backend, "steps_per_epoch": spe,
                 "syncbn_impl": ran_syncbn(cfg, env, sim), "lr": opt.defaults["lr"],
-                **(meta or {})}
+                **({"brn_ramp": brn_steps} if brn_steps else {}), **(meta or {})}
         if resuming:
             truncate_metrics(run_dir, step, PREDICTIONS)
             dropped = truncate_metrics(run_dir, step)
@@ -289,7 +296,9 @@ def evaluate_now(lp: Loop, epoch: int, i: int, probe: GapProbe | None) -> None:
     lp.clock.stop()
     at = epoch + i / lp.spe
     with lp.amp.autocast():  # evaluated as it trains
-        lp.last = {"step": lp.step, "epoch": at,
+        pre = recalibrate_before_eval(lp.model, lp.cfg, lp.data, lp.env, epoch) \
+            if lp.cfg["precise_bn"].get("before_eval", False) else {}
+        lp.last = {"step": lp.step, "epoch": at, **pre,
                    **evaluation(lp.model, lp.cfg, lp.data, lp.val, lp.env, lp.preds, lp.step, at)}
         if lp.cfg["diagnostics"]["enabled"]:
             lp.last.update(bn_health(lp.model, lp.cfg, lp.data, lp.val, lp.env, probe))

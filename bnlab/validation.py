@@ -85,6 +85,22 @@ def run_precise_bn(model: nn.Module, cfg: dict, data: Dataset, val, env: dist.Di
             "precise_bn/samples": n, "time/precise_bn_s": time.perf_counter() - t0}
 
 
+def recalibrate_before_eval(model: nn.Module, cfg: dict, data: Dataset, env: dist.DistEnv,
+                            epoch: int) -> dict:
+    """PreciseBN right before an evaluation (precise_bn.before_eval, as detectron2's hook
+    runs it): the running statistics recomputed in place on precise_bn.num_samples training
+    images of `epoch`'s order, pooled over every rank's, so the evaluation reads them."""
+    pb, sim = cfg["precise_bn"], cfg["dist"]["simulate"]
+    t0 = time.perf_counter()
+    loader = TrainLoader(data, env.device, pb["batch"] * sim, env.world, env.rank, 1,
+                         cfg["seed"] + 1, pb["augment"])
+    steps = pb["num_samples"] // loader.global_micro
+    recalibrate(model, lambda: loader.images(epoch, steps), pb["estimator"], pb["pooling"],
+                progress=False)
+    return {"precise_bn/samples": steps * loader.global_micro,
+            "time/precise_bn_s": time.perf_counter() - t0}
+
+
 def classes(parts: list[torch.Tensor], env: dist.DistEnv) -> torch.Tensor:
     """The predicted classes of the whole test set in order, from every rank's share."""
     mine = torch.cat(parts).to("cpu", torch.uint8) if parts else torch.zeros(0, dtype=torch.uint8)

@@ -169,3 +169,39 @@ def test_evonorm_takes_bns_affine_needs_no_batch_and_caps_its_groups():
     assert bnlab.revert(conv)[1] is conv[1]  # nothing to give back
     with pytest.raises(BnlabError, match="does not divide the 8 channels"):
         bnlab.convert(nn.Sequential(nn.BatchNorm2d(8)), "evonorm", groups=3, cap_groups=False)
+
+
+# ----------------------------------------------------------------------------------------
+# The ramp as fractions of the run (norm.ramp_of_run): r and d active for most of any run
+
+PAPER = {"hold": 1 / 32, "r_ramp": 0.25, "d_ramp": 5 / 32}  # 5k, 40k, 25k of 160k steps
+
+
+@pytest.mark.parametrize("total", [1000, 6360])
+def test_a_ramp_of_the_run_reaches_its_limits_at_the_same_share_of_any_length(total):
+    from bnlab.batchnorm import set_run_length
+    from bnlab.models import resnet20
+
+    m = bnlab.convert(resnet20(), "brn", r_max=1.5, d_max=0.5, ramp_of_run=PAPER)
+    steps = set_run_length(m, total)
+    assert steps == {"hold_steps": round(total / 32), "r_ramp_steps": round(total / 4),
+                     "d_ramp_steps": round(total * 5 / 32)}
+    brn = m.layers[0].bn1
+
+    def at(step: int) -> tuple[float, float]:
+        brn.num_batches_tracked.fill_(step)
+        return brn.limits()
+
+    assert at(0) == (1.0, 0.0)  # plain BN at the start, as the paper holds it
+    r, d = at(steps["hold_steps"] + steps["r_ramp_steps"] // 2)  # halfway up r's ramp
+    assert r == pytest.approx(1.25, abs=0.01) and d > 0.25
+    assert at(total // 2) == (1.5, 0.5)  # the middle: both at their limits
+    assert at(total) == (1.5, 0.5)  # and the end
+
+
+def test_without_a_ramp_of_the_run_the_steps_stay_as_given():
+    from bnlab.batchnorm import set_run_length
+    from bnlab.models import resnet20
+
+    m = bnlab.convert(resnet20(), "brn")
+    assert set_run_length(m, 1000) is None and m.layers[0].bn1.hold_steps == 5000

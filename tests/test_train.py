@@ -382,3 +382,25 @@ def test_a_multirun_through_hydras_submitit_launcher(tmp_path):
     assert len(statuses) == 2
     assert all(json.loads(s.read_text())["status"] == "completed" for s in statuses)
     assert "| 0 | 0 | completed |" in r.stdout and "| 1 | 1 | completed |" in r.stdout
+
+
+def test_brn_ramp_of_the_run_and_precise_bn_before_each_evaluation_reach_the_run(tmp_path):
+    """norm.ramp_of_run sets brn's steps from the run's length (run.json says them);
+    precise_bn.before_eval recomputes BN's statistics before every evaluation, which changes
+    what the evaluations read and nothing of BN's training (batch statistics)."""
+    _train(tmp_path, "norm=brn", "norm.ramp_of_run={hold:0.125,r_ramp:0.25,d_ramp:0.125}",
+           "max_steps=2", sub="brn")
+    (brn,) = run_dirs(tmp_path / "brn")
+    info = json.loads((brn / "run.json").read_text())
+    spe = info["steps_per_epoch"]
+    assert info["brn_ramp"] == {"hold_steps": round(spe / 8), "r_ramp_steps": round(spe / 4),
+                                "d_ramp_steps": round(spe / 8)}
+    _train(tmp_path, "precise_bn.before_eval=true", "precise_bn.num_samples=64", sub="pre")
+    _train(tmp_path, sub="plain")
+    (pre,), (plain,) = run_dirs(tmp_path / "pre"), run_dirs(tmp_path / "plain")
+    a, b = read_jsonl(pre / "metrics.jsonl"), read_jsonl(plain / "metrics.jsonl")
+    assert [r["train/loss"] for r in a if "train/loss" in r] == \
+        [r["train/loss"] for r in b if "train/loss" in r]
+    evals = [r for r in a if "val/acc" in r]
+    assert len(evals) == 2 and all(r["precise_bn/samples"] == 64 for r in evals)
+    assert [r["val/loss"] for r in evals] != [r["val/loss"] for r in b if "val/loss" in r]
