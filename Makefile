@@ -13,7 +13,7 @@ export BNLAB_TEST_DATA ?= $(abspath ../shared/data/cifar10-mini)
 .DEFAULT_GOAL := help
 .PHONY: help install test test-gpu gpu-check test-slurm test-slow lint demo bench perf-doc clean table-jitter table-batch table-ranks \
 	tables report table-pitfalls figure-losslog table-evalmode table-rankstats table-sync \
-	table-precisebn layout table-lrpilot table-recoverpilot table-practicepilot table-recover table-converge table-plateau table-decompose table-pilot table-lr table-fixes table-values
+	table-precisebn layout table-lrpilot table-recoverpilot table-practicepilot table-practice table-recover table-converge table-plateau table-decompose table-pilot table-lr table-fixes table-values
 JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 # make table-X runs bnlab/claims/X.py: its sweep (DATA, JOBS, RUNS), what it measures, experiments/X/
 # LAUNCH: where the sweep's runs go (default this machine), e.g. LAUNCH="--launcher slurm
@@ -91,6 +91,9 @@ table-fixes: install ## C6 C8 C9 on the settled protocol: PreciseBN, gn, frozen 
 
 table-practicepilot: install ## table-practice's pilot: the reference's length and each fix's rate, on 1,000 held-out images (hours) -> experiments/practicepilot/
 	$(CLAIMS) practicepilot
+
+table-practice: install ## Wu and He's batch-size experiment at CIFAR scale: BN, GN and every fix at its best, 8 ranks x 16..2 (many hours) -> experiments/practice/
+	$(CLAIMS) practice
 
 table-recoverpilot: install ## table-recover's pilot: each fix's rate (and setting) on 1,000 held-out images (hours) -> experiments/recoverpilot/
 	$(CLAIMS) recoverpilot

@@ -25,6 +25,7 @@ from bnlab.claims import (
     pilot,
     pitfalls,
     plateau,
+    practice,
     practicepilot,
     precisebn,
     ranks,
@@ -38,7 +39,7 @@ from bnlab.lab import make, table
 
 TABLES: dict[str, table.Table] = {m.TABLE.name: m.TABLE for m in (
     jitter, batch, ranks, evalmode, rankstats, sync, precisebn, losslog, pitfalls, lrpilot, plateau,
-    decompose, pilot, lr, fixes, values, recoverpilot, recover, converge, practicepilot)}
+    decompose, pilot, lr, fixes, values, recoverpilot, recover, converge, practicepilot, practice)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -105,10 +105,11 @@ def render(d: RunsData) -> str:
         "Every accuracy here is on the 1,000 training images held out of these runs "
         "(`data.holdout=1000`), never on the test split. The score: "
         f"{rules.text['score']}.", "", *lines,
-        f"The rules (experiments/practicepilot/rules.yaml, version {v['version']}, written "
-        f"{v['written']}): length: {rules.text['length']}. Rate: {rules.text['choose']}; a "
-        f"candidate: {rules.text['candidate']}; {rules.text['edge']}. Then: "
-        f"{rules.text['applies']}. Two seeds per cell: choices of protocol, not results.", ""]))
+        f"The rules (experiments/practicepilot/rules.yaml, version {v['version']}, commit "
+        f"{v['commit']}, written {v['written']}): length: {rules.text['length']}. Rate: "
+        f"{rules.text['choose']}; a candidate: {rules.text['candidate']}; "
+        f"{rules.text['edge']}. Then: {rules.text['applies']}. Two seeds per cell: choices "
+        "of protocol, not results.", ""]))
 
 
 def plot(d: RunsData, path: Path) -> None:

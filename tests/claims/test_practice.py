@@ -1,0 +1,116 @@
+"""table-practice on runs made up for the case: its spec composes as train.py would, bn breaks
+and GroupNorm stays flat by its rules, each fix's state and share at 8 x 2, and its page and
+figure build with and without runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bnlab.claims import practice
+from bnlab.errors import BnlabError
+from bnlab.lab.plan import Cell
+from bnlab.lab.results import CellResult, Run
+from bnlab.lab.spec import spec_from
+from bnlab.lab.table import RunsData
+
+RATES = {"gn": 0.2, "gnws": 0.1, "evonorm": 0.4}
+
+
+@pytest.fixture(scope="module")
+def spec():
+    """The spec at 60 epochs, composed once (19 cells through Hydra)."""
+    return spec_from({"title": "t", "experiment": "practice", "seeds": [0, 1, 2],
+                      "cells": practice.spec_cells(60, RATES)}, Path("sweep.yaml"))
+
+
+def test_the_spec_holds_every_cell_in_running_order_and_composes_as_train_py_would(spec):
+    cells = practice.spec_cells(60, RATES)
+    assert len(cells) == 1 + 8 + 2 + 2 + 3 + 3
+    assert [c["order"] for c in cells] == sorted(c["order"] for c in cells)
+    assert {c["per_rank"] for c in cells if c["order"] == 0} == {16, 2}  # reference, then 8 x 2
+    assert {c["per_rank"] for c in cells if c["order"] == 4} == {8}  # 8 x 8 last: cut first
+    cfg = {c.label: c.cfg for c in spec.cells}
+    assert cfg["bn 8x16"]["optim"]["lr"] == 0.1 and cfg["bn 8x16"]["dist"]["simulate"] == 8
+    assert cfg["gn 8x2"]["optim"]["lr"] == 0.2 and cfg["gn 8x2"]["norm"]["groups"] == 8
+    assert cfg["gn 8x2 (120 epochs)"]["epochs"] == 120
+    brn = cfg["brn 8x2"]["norm"]
+    assert brn["r_max"] == 1.5 and brn["ramp_of_run"]["r_ramp"] == 0.25
+    assert cfg["frozen_bn 8x2"]["norm"]["freeze_after"] == 30
+    assert cfg["precise 8x2"]["precise_bn"]["before_eval"] is True
+    assert cfg["evonorm 8x2"]["norm"]["placement"] == "norm_act"
+    assert cfg["syncbn4 8x2"]["norm"]["sync_group"] == 4
+    assert all(c["model"]["zero_init_residual"] and not c["optim"]["decay_norms"]
+               for c in cfg.values())
+    assert len({c.key for c in spec.cells}) == len(cells)  # each cell its own identity
+
+
+def test_the_spec_waits_for_every_pilot_choice(monkeypatch):
+    from bnlab.claims import practicepilot
+
+    monkeypatch.setattr(practicepilot, "choices", lambda d: {
+        "length": {"state": "chosen", "length": 60}, "gn": {"state": "undecided"}})
+    monkeypatch.setattr(practice.table, "runs_data", lambda ctx: None)
+    with pytest.raises(BnlabError, match="the pilot has not chosen everything yet: gn"):
+        practice.pilot_choices()
+
+
+def run(end: float, seed: int, epochs: int = 30) -> Run:
+    rows = [{"epoch": e, "val/acc": end if e > 0.9 * epochs else 20.0}
+            for e in range(1, epochs + 1)]
+    rows.append({"epoch": epochs, "train/loss": 1.0, "train_epoch/loss": 0.5})
+    return Run(Path(f"/nowhere/{end}/{seed}"), "completed", rows,
+               info={"steps_per_epoch": 40}, seed=seed)
+
+
+def cell(fix: str, b: int, ends: list[float], longer: bool = False) -> CellResult:
+    c = Cell(f"{fix} 8x{b}" + (" longer" if longer else ""), [], [0, 1, 2],
+             cfg={"epochs": 30}, meta={"fix": fix, "per_rank": b, "lr": 0.1, "longer": longer})
+    return CellResult(c, [run(a, s) for s, a in enumerate(ends)], 3)
+
+
+def made_up() -> list[CellResult]:
+    """bn loses 1, 3 and 10 points below 16 per rank; gn sits 2 points under bn at 16 and
+    stays there; gnws drops 5 at 2; syncbn4 gets most of bn's loss back, frozen BN none."""
+    cells = [cell("bn", 16, [80.0, 81.0, 79.5])]
+    for b, lost in ((8, 0.4), (4, 3.0), (2, 10.0)):
+        cells.append(cell("bn", b, [80.0 - lost, 81.3 - lost, 79.2 - lost]))
+    for b in practice.BATCHES:
+        cells.append(cell("gn", b, [78.0, 79.1, 77.4]))
+        cells.append(cell("gnws", b, [79.0 - (5 if b == 2 else 0), 79.6 - (5 if b == 2 else 0),
+                                      78.9 - (5 if b == 2 else 0)]))
+    cells += [cell("syncbn4", 2, [79.0, 80.2, 78.1]), cell("frozen_bn", 2, [69.5, 71.4, 69.0]),
+              cell("gn", 16, [79.0, 80.0, 78.5], longer=True)]
+    return cells
+
+
+def test_bn_breaks_where_its_gap_is_2_points_or_more_with_its_interval_above_0():
+    states = {b: s for b, (_, s) in practice.bn_states(made_up()).items()}
+    assert states == {8: "holds", 4: "breaks", 2: "breaks"}
+
+
+def test_groupnorm_is_flat_where_every_gap_to_its_own_16_stays_in_the_seeds_noise():
+    assert practice.flatness(made_up(), "gn")[0] == "flat"
+    verdict, each = practice.flatness(made_up(), "gnws")
+    assert verdict == "drops" and each[2][1] == "drops" and each[8][1] == "flat"
+
+
+def test_each_fix_at_8x2_gets_table_recovers_state_and_its_share_of_bns_loss():
+    cells = made_up()
+    sync = practice.fix_at_two(cells, practice.find(cells, "syncbn4", 2))
+    assert sync["state"] == "recovers" and sync["share"][0] == pytest.approx(0.9, abs=0.05)
+    frozen = practice.fix_at_two(cells, practice.find(cells, "frozen_bn", 2))
+    assert frozen["state"] == "no better"
+    assert practice.fix_at_two(cells, practice.find(cells, "gn", 2))["state"] == "partly"
+
+
+def test_the_page_and_figure_build_from_runs_and_before_any(spec, tmp_path):
+    d = practice.Practice(RunsData(spec, made_up(), "cifar10-5085", tmp_path, tmp_path))
+    md = practice.render(d)
+    assert "+10.0 (" in md and "breaks" in md and "gap to its own 8 x 16 (flat)" in md
+    assert "| bn's loss at 2 images per rank (against 16 here, 32 there) | 10.0 | 11.1 |" in md
+    practice.plot(d, tmp_path / "practice.png")
+    assert (tmp_path / "practice.png").stat().st_size > 10_000
+    waiting = practice.Practice(None, "its spec is to come")
+    assert "No runs yet: its spec is to come." in practice.render(waiting)
