@@ -6,6 +6,7 @@
         --loader mypkg.data:train_loader --batch-per-rank 2   # what BN's statistics cost
     python -m bnlab runs outputs/train/multirun_<stamp>        # a table across the runs
     python -m bnlab plot outputs/train/multirun_<stamp> --out runs.png
+    python -m bnlab runs verify RUN [--steps 50] [--as-recorded]  # re-run it: the same floats?
 
 The entry point sits above the layers: it may reach the harness (bnlab.lab) for the runs'
 tools; nothing in the library imports it.
@@ -24,6 +25,11 @@ from bnlab.evaluation import add_diagnose_parser
 
 def main(argv: list[str] | None = None) -> int:
     prog = "bnlab" if sys.argv and Path(sys.argv[0]).name == "bnlab" else "python -m bnlab"
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["runs", "verify"]:  # `runs DIR...` takes paths: verify is its own parser
+        from bnlab.lab import verify
+
+        return run_cli(lambda: verify.main(argv[2:], prog))
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     doctor.add_parser(sub)
