@@ -164,7 +164,10 @@ def said(run: Path, v: dict) -> str:
     """The verdict in a few lines."""
     rec = v["record"]
     def short(x) -> str:
-        return "not recorded" if x is None else str(x)[:7] if len(str(x)) == 40 else str(x)
+        if x is None:
+            return "not recorded"
+        head, dash, tail = str(x).partition("-")  # a commit: 40 hex digits, maybe "-dirty"
+        return head[:7] + dash + tail if len(head) == 40 else str(x)
 
     was = [f"{k} {short(a)} -> {short(b)}" for k, (a, b) in
            ((k, rec[k]) for k in ("commit", "capability", "threads", "torch")) if a != b]
