@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from bnlab import floatenv
 from bnlab.jitter import MIN_EVALS, WINDOW
 from bnlab.lab.results import (
     CellResult,
@@ -126,7 +127,35 @@ def provenance(cells: list[CellResult], tag: str, root: Path = RUNS, budget: int
         "protocol takes hours on this machine)",
     ]
     mixed = devices_by_cell(cells)
-    return "\n".join(lines[:2] + ([mixed] if mixed else []) + lines[2:])
+    return "\n".join(lines[:2] + ([mixed] if mixed else []) + [kernels_line(runs)] +
+                     crossed(cells) + lines[2:])
+
+
+def kernels_line(runs: list) -> str:
+    """How many runs computed on each CPU capability (run.json's floats; a run counts under
+    each capability it started or resumed on)."""
+    on = Counter(c or "not recorded" for r in runs for c in set(floatenv.capabilities_of(r.info)))
+    words = "; ".join(f"{k}: {n} run{'s' * (n != 1)}" + (", made before runs recorded it"
+                                                           if k == "not recorded" else "")
+                      for k, n in sorted(on.items()))
+    return f"- CPU kernels (`floats.cpu_capability` in run.json): {words}"
+
+
+def crossed(cells: list[CellResult]) -> list[str]:
+    """The seeds whose runs in different cells computed on different recorded kernels (a
+    comparison paired on such a seed mixes the floats' noise into it)."""
+    by_seed: dict[int, dict[str, list[str]]] = {}
+    for c in cells:
+        for r in c.runs:
+            for cap in set(floatenv.capabilities_of(r.info)) - {None}:
+                by_seed.setdefault(r.seed, {}).setdefault(cap, []).append(c.cell.label)
+    mixed = {s: caps for s, caps in sorted(by_seed.items()) if len(caps) > 1}
+    if not mixed:
+        return []
+    said = "; ".join(f"seed {s}: " + ", ".join(f"{cap} in {len(ls)} cell(s)" for cap, ls in
+                                             sorted(caps.items())) for s, caps in mixed.items())
+    return [f"- Paired seeds across kernels: {said} (each table's A/A control says what that "
+            "costs)"]
 
 
 def budget_line(runs: list, expected: int, cap: int, jobs: int) -> str:

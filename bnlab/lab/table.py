@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bnlab.errors import BnlabError
+from bnlab.lab import identity
 from bnlab.lab.page import provenance
 from bnlab.lab.plan import Spec
 from bnlab.lab.results import CellResult, collect
@@ -245,7 +246,7 @@ def runs_page(d: RunsData, body: str) -> str:
                       f"{generated_by(name, 'make table-' + name)} from the runs' logs, after "
                       "its sweep; do not edit.", "",
                       provenance(d.cells, d.tag, d.root, d.budget("target"), d.jobs), "",
-                      body, f"![{name}]({name}.png)",
+                      body, *identity.lines(d.cells), f"![{name}]({name}.png)",
                       ""])
 
 

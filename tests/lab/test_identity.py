@@ -1,0 +1,57 @@
+"""The A/A control (bnlab/lab/identity.py) and the pages' kernels lines (bnlab/lab/page.py) on
+runs made up for the case."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bnlab.lab import identity, page
+from bnlab.lab.plan import Cell
+from bnlab.lab.results import CellResult, Run
+
+
+def cfg(norm: str, world: int, b: int, lr: float = 0.1) -> dict:
+    return {"norm": {"kind": norm, "eps": 1e-5, "momentum": 0.1,
+                     **({"sync_group": 0} if norm == "syncbn" else {})},
+            "dist": {"simulate": world, "threads": 1}, "batch_per_gpu": b, "epochs": 10,
+            "optim": {"lr": lr}, "seed": 0}
+
+
+def run(seed: int, losses: list[float], cap: str | None = None) -> Run:
+    rows = [{"step": 50 * (i + 1), "train/loss": v, "images_per_s": 100.0 + i}
+            for i, v in enumerate(losses)]
+    info = {"floats": {"cpu_capability": cap}} if cap else {}
+    return Run(Path(f"/nowhere/{seed}"), "completed", rows, info=info, seed=seed)
+
+
+def cell(label: str, c: dict, runs: list[Run]) -> CellResult:
+    return CellResult(Cell(label, [], [r.seed for r in runs], cfg=c), runs, len(runs))
+
+
+def test_syncbn_over_all_ranks_pairs_with_bn_on_one_rank_of_the_same_images_only():
+    sync = cell("syncbn 4x2", cfg("syncbn", 4, 2), [])
+    ref = cell("bn 1x8", cfg("bn", 1, 8), [])
+    other = cell("bn 1x8 lr", cfg("bn", 1, 8, lr=0.2), [])
+    half = cell("bn 1x4", cfg("bn", 1, 4), [])
+    assert identity.pairs([sync, ref, other, half]) == [(sync, ref)]
+
+
+def test_the_control_says_equal_or_the_first_difference_with_each_sides_kernels():
+    sync = cell("syncbn 4x2", cfg("syncbn", 4, 2),
+                [run(0, [2.4, 2.3], "AVX2"), run(1, [2.4, 2.31], "AVX2")])
+    ref = cell("bn 1x8", cfg("bn", 1, 8), [run(0, [2.4, 2.3], "AVX2"), run(1, [2.4, 2.3])])
+    text = "\n".join(identity.lines([sync, ref]))
+    assert "| 0 | equal at all 2 logged values | AVX2 | AVX2 |" in text  # timings not compared
+    assert "| 1 | differ from step 100 (train/loss: 2.31 against 2.3) | AVX2 | not recorded |" \
+        in text
+
+
+def test_the_page_counts_runs_by_kernels_and_names_seeds_paired_across_them():
+    a = cell("a", cfg("bn", 1, 8), [run(0, [2.4], "AVX2"), run(1, [2.4])])
+    b = cell("b", cfg("bn", 4, 2), [run(0, [2.4], "AVX512"), run(1, [2.4], "AVX512")])
+    runs = [r for c in (a, b) for r in c.runs]
+    assert page.kernels_line(runs) == ("- CPU kernels (`floats.cpu_capability` in run.json): "
+                                       "AVX2: 1 run; AVX512: 2 runs; not recorded: 1 run, made "
+                                       "before runs recorded it")
+    (line,) = page.crossed([a, b])
+    assert "seed 0: AVX2 in 1 cell(s), AVX512 in 1 cell(s)" in line and "seed 1" not in line
