@@ -291,13 +291,16 @@ class BatchRenorm(RankBatchNorm):
         self.r_ramp_steps = round(f["r_ramp"] * total_steps)
         self.d_ramp_steps = round(f["d_ramp"] * total_steps)
 
-    def limits(self) -> tuple[float, float]:
-        """(r_max, d_max) at the batch about to be counted: 1 and 0 through `hold_steps`,
-        then linear to the configured values."""
-        done = int(self.num_batches_tracked) - self.hold_steps
+    def limits(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(r_max, d_max) at the batch about to be counted, as float64 tensors: 1 and 0 through
+        `hold_steps`, then linear to the configured values. Computed from the step counter
+        without reading it on the host, so torch.compile neither breaks the graph nor
+        recompiles as the ramp moves; in float64, as Python's floats, so the clamps below see
+        the same float32 limits as plain floats would give."""
+        done = self.num_batches_tracked.double() - self.hold_steps
 
-        def share(ramp: int) -> float:
-            return float(done >= 0) if ramp == 0 else min(1.0, max(0.0, done / ramp))
+        def share(ramp: int) -> torch.Tensor:
+            return (done >= 0).double() if ramp == 0 else (done / ramp).clamp(0.0, 1.0)
 
         return (1 + (self.r_max - 1) * share(self.r_ramp_steps),
                 self.d_max * share(self.d_ramp_steps))
@@ -323,8 +326,10 @@ class BatchRenorm(RankBatchNorm):
         std = (xs.var((1, 3), unbiased=False) + self.eps).sqrt()
         with torch.no_grad():
             sigma = (rv.to(std.dtype) + self.eps).sqrt()
-            r = (std / sigma).clamp(1 / r_max, r_max)
-            d = ((mean - rm.to(mean.dtype)) / sigma).clamp(-d_max, d_max)
+            lo, hi, dm = ((1 / r_max).to(std.dtype), r_max.to(std.dtype),
+                          d_max.to(std.dtype))
+            r = torch.minimum(torch.maximum(std / sigma, lo), hi)
+            d = torch.minimum(torch.maximum((mean - rm.to(mean.dtype)) / sigma, -dm), dm)
             new_sigma = sigma + factor * (std - sigma)
             rm.add_(factor * (mean.to(rm.dtype) - rm))
             rv.copy_(new_sigma.square() - self.eps)

@@ -103,7 +103,7 @@ def test_the_limits_hold_then_ramp_linearly():
     seen = []
     for n in (0, 10, 20, 30, 50, 100):
         m.num_batches_tracked.fill_(n)
-        seen.append(m.limits())
+        seen.append(tuple(float(v) for v in m.limits()))
     assert seen == [(1.0, 0.0), (1.0, 0.0), (1.5, 2.5), (2.0, 5.0), (3.0, 5.0), (3.0, 5.0)]
 
 
@@ -190,7 +190,7 @@ def test_a_ramp_of_the_run_reaches_its_limits_at_the_same_share_of_any_length(to
 
     def at(step: int) -> tuple[float, float]:
         brn.num_batches_tracked.fill_(step)
-        return brn.limits()
+        return tuple(float(v) for v in brn.limits())
 
     assert at(0) == (1.0, 0.0)  # plain BN at the start, as the paper holds it
     r, d = at(steps["hold_steps"] + steps["r_ramp_steps"] // 2)  # halfway up r's ramp
@@ -205,3 +205,35 @@ def test_without_a_ramp_of_the_run_the_steps_stay_as_given():
 
     m = bnlab.convert(resnet20(), "brn")
     assert set_run_length(m, 1000) is None and m.layers[0].bn1.hold_steps == 5000
+
+
+# ----------------------------------------------------------------------------------------
+# torch.compile: the ramp read on the device, not the host
+
+
+def test_the_limits_equal_the_float_formula_to_the_bit_at_every_step():
+    m = layer(r_max=3.0, d_max=5.0, hold_steps=7, r_ramp_steps=13, d_ramp_steps=0)
+    for n in range(0, 30):
+        m.num_batches_tracked.fill_(n)
+        done = n - 7
+        share = min(1.0, max(0.0, done / 13))
+        r, d = m.limits()
+        assert float(r) == 1 + 2.0 * share and float(d) == 5.0 * float(done >= 0)
+
+
+def test_brn_compiles_without_a_graph_break_and_does_not_recompile_as_its_ramp_moves():
+    import torch._dynamo as dynamo
+    from torch._dynamo.testing import CompileCounter
+
+    torch.manual_seed(0)
+    m = layer(c=4, dtype=torch.float32, hold_steps=1, r_ramp_steps=4, d_ramp_steps=3).train()
+    x = torch.randn(8, 4, 3, 3)
+    assert dynamo.explain(m)(x).graph_break_count == 0
+    dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(m, backend=counter, fullgraph=True)
+    eager = copy.deepcopy(m)
+    for step in range(6):  # through the hold, both ramps and past them
+        y = torch.randn(8, 4, 3, 3) + step
+        torch.testing.assert_close(compiled(y), eager(y), rtol=0, atol=0)
+    assert counter.frame_count == 1  # one graph for every step of the ramp
