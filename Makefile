@@ -24,9 +24,9 @@ CLAIMS = $(PY) -m bnlab.claims $(if $(DATA),--data $(DATA)) $(if $(RUNS),--runs 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-install: ## install everything with uv from uv.lock (into .venv), the slurm extra included
+install: ## install everything with uv from uv.lock (into .venv): the core and every extra (train, lab, slurm)
 	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install -q uv
-	$(UV) sync --frozen --extra slurm
+	$(UV) sync --frozen --all-extras
 
 test: install ## run the test suite on CPU, one worker per core (slow tests excluded; ~5 min on 2 cores)
 	$(PY) -m pytest -q -n auto --durations=20

@@ -27,18 +27,33 @@ def main(argv: list[str] | None = None) -> int:
     prog = "bnlab" if sys.argv and Path(sys.argv[0]).name == "bnlab" else "python -m bnlab"
     argv = sys.argv[1:] if argv is None else argv
     if argv[:2] == ["runs", "verify"]:  # `runs DIR...` takes paths: verify is its own parser
-        from bnlab.lab import verify
+        from bnlab.lab import verify  # re-runs train.py: the train extra
 
         return run_cli(lambda: verify.main(argv[2:], prog))
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     doctor.add_parser(sub)
     add_diagnose_parser(sub)
-    from bnlab.lab import runs  # the harness's tools (matplotlib): loaded only here
-
-    runs.add_parsers(sub)
+    try:
+        from bnlab.lab import runs  # the harness's tools (matplotlib, Hydra): the lab extra
+    except ModuleNotFoundError as e:
+        runs = None
+        missing = e.name
+    if runs is not None:
+        runs.add_parsers(sub)
+    else:
+        for name in ("runs", "plot"):
+            p = sub.add_parser(name, help="(needs the lab extra: pip install 'bnlab[lab]')")
+            p.add_argument("paths", nargs="*")
+            p.set_defaults(run=lambda a, n=name: lab_missing(n, missing))
     args = parser.parse_args(argv)
     return run_cli(lambda: args.run(args))
+
+
+def lab_missing(command: str, module: str | None) -> int:
+    print(f"bnlab {command}: needs the lab extra ({module} is not installed); install it with "
+          "pip install 'bnlab[lab]'.", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

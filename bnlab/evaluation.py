@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import yaml
-from omegaconf import DictConfig
 from tqdm import tqdm
 
 from bnlab import checkpoint, dist, doctor, modelref
@@ -35,6 +35,9 @@ from bnlab.errors import BnlabError
 from bnlab.net import build_net
 from bnlab.precise_bn import ESTIMATORS
 from bnlab.validation import val_metrics
+
+if TYPE_CHECKING:  # evaluate.py's config (the train extra); the doctor and diagnose need none
+    from omegaconf import DictConfig
 
 
 @dataclass

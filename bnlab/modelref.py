@@ -25,7 +25,12 @@ def load_model(spec: str) -> tuple[nn.Module, str | None]:
                          f"<module>:<factory> nor a checkpoint; write one of those.")
     where, name = spec.split(":", 1)
     if where == "torchvision":
-        import torchvision
+        try:
+            import torchvision
+        except ModuleNotFoundError:
+            raise BnlabError(f"--model {spec!r} needs torchvision, which is not installed; "
+                             "install it (pip install torchvision, or pip install "
+                             "'bnlab[train]').") from None
         if name not in torchvision.models.list_models():
             raise BnlabError(f"--model {spec!r}: torchvision has no model {name!r}; see "
                              f"torchvision.models.list_models().")

@@ -202,3 +202,17 @@ def test_no_readme_sentence_runs_over_40_words():
     assert not long, long
     assert sentences("One. Two words here.\n\n- a b. C d\n\n```\nx y z.\n```\n| t |") == [
         "One.", "Two words here.", "- a b.", "C d"]
+
+
+def test_the_library_imports_nothing_of_the_trainers_or_the_labs_packages():
+    """`pip install bnlab` (no extra) carries torch, numpy, pyyaml and tqdm: what a user's own
+    training imports of bnlab, the doctor and diagnose load nothing more."""
+    import subprocess
+    import sys
+
+    code = ("import sys, bnlab, bnlab.doctor, bnlab.diagnose, bnlab.evaluation, bnlab.advice; "
+            "print(' '.join(sorted({m.split('.')[0] for m in sys.modules} & {'hydra', "
+            "'omegaconf', 'wandb', 'submitit', 'matplotlib', 'torchvision'})))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "", p.stdout + p.stderr

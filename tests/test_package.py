@@ -1,6 +1,7 @@
-"""bnlab inside someone else's project: the wheel, installed into a fresh virtual environment
-(offline, its dependencies from uv.lock through uv's cache), run from another folder, carries
-what the doctor quotes and has a `bnlab` command."""
+"""bnlab inside someone else's project: the wheel with no extra, installed into a fresh virtual
+environment (offline, its dependencies from uv.lock through uv's cache), run from another
+folder, carries what the doctor quotes, has a `bnlab` command, and pulls nothing of the trainer
+or the lab (Hydra, omegaconf, wandb, submitit, matplotlib, torchvision)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from conftest import ROOT
 # CI time (about 35 s on 2 cores: a wheel build and a fresh environment); make test-slow runs it
 pytestmark = pytest.mark.slow
 UV = shutil.which("uv")
-DOCTOR = ["doctor", "--model", "torchvision:resnet18", "--input", "3x32x32", "--world", "4",
+DOCTOR = ["doctor", "--model", "bnlab:resnet20", "--input", "3x32x32", "--world", "4",
           "--batch-per-rank", "2"]
+LAB = ("hydra", "omegaconf", "wandb", "submitit", "matplotlib", "torchvision")
 
 
 def _run(cmd: list[str], cwd, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -64,7 +66,7 @@ def test_the_installed_doctor_prints_the_checkouts_fix_lines(installed, tmp_path
     there = _run([str(installed / "bnlab"), *DOCTOR], tmp_path)
     here = _run([sys.executable, "-m", "bnlab", *DOCTOR], ROOT)
     assert there.returncode == here.returncode == 1, there.stderr[-2000:]
-    assert _fixes(there.stdout) == _fixes(here.stdout) and len(_fixes(here.stdout)) == 4
+    assert _fixes(there.stdout) == _fixes(here.stdout) and len(_fixes(here.stdout)) >= 3
     assert "not been measured yet" not in there.stdout  # what bnlab measured travelled with it
     assert "table-recover at 4 ranks x 2 on" in there.stdout
 
@@ -75,5 +77,17 @@ def test_bnlab_is_a_command_with_its_tools(installed, tmp_path):
     for command in ("doctor", "diagnose", "runs", "plot"):
         assert command in p.stdout
     p = _run([str(installed / "bnlab"), "doctor", "--world", "0", "--model",
-              "torchvision:resnet18"], tmp_path)
+              "bnlab:resnet20"], tmp_path)
     assert p.returncode == 2 and p.stderr.count("\n") == 1  # bad input: one sentence, exit 2
+
+
+def test_the_core_pulls_nothing_of_the_trainer_or_the_lab_and_says_which_extra(installed,
+                                                                                tmp_path):
+    p = _run([str(installed / "python"), "-c", "import importlib.util as u; print(' '.join("
+              f"m for m in {LAB!r} if u.find_spec(m)))"], tmp_path)
+    assert p.returncode == 0 and p.stdout.strip() == "", p.stdout + p.stderr
+    p = _run([str(installed / "bnlab"), "runs", str(tmp_path)], tmp_path)
+    assert p.returncode == 2 and "pip install 'bnlab[lab]'" in p.stderr
+    assert p.stderr.count("\n") == 1
+    p = _run([str(installed / "bnlab"), "doctor", "--model", "torchvision:resnet18"], tmp_path)
+    assert p.returncode == 2 and "'bnlab[train]'" in p.stderr
