@@ -16,6 +16,9 @@ from bnlab.paths import MEASURED
 
 ADVICE = MEASURED / "advice.json"
 LONGER = MEASURED / "converge.json"  # one input trained 4x longer, as an advice.json input
+PUBLISHED = MEASURED / "published.json"  # others' measurements, each with its citation
+MEASURED_SIDE = 32  # every input bnlab measured its fixes on: CIFAR-10 images, 32 x 32 px
+IMAGENET_SIDE = 128  # an input this large or larger is taken for ImageNet-like
 TABLE = "make table-recover: experiments/recover/table.md in bnlab's repository"
 # no per-step communication (PreciseBN all-reduces once per recalibration), as table-recover
 FREE = ("gn", "gnws", "ln", "evonorm", "brn", "precise", "frozen_bn")
@@ -196,3 +199,30 @@ def free_lengthwise(entries: list[dict]) -> str:
     return (f"; {at_length(long)}, not 10, the best of the fixes it trained without "
             f"communication ({', '.join(free)}) differs: "
             f"{_free_line({'best_free': best['long']})}")
+
+
+def extrapolated(shape: tuple[int, ...]) -> str | None:
+    """Where the input is not the 32 px CIFAR-10 bnlab measured on, a line that says its fix
+    lines are extrapolated; None where it is."""
+    h, w = shape[-2:]
+    if (h, w) == (MEASURED_SIDE, MEASURED_SIDE):
+        return None
+    return (f"extrapolated: bnlab measured these fixes on CIFAR-10 at {MEASURED_SIDE} x "
+            f"{MEASURED_SIDE} px, not at this input's {h} x {w}")
+
+
+def published(batch: int, shape: tuple[int, ...]) -> str | None:
+    """A published measurement of this layout, labelled as such: Wu and He's BN and GN error at
+    this many images per rank, where the input is ImageNet-sized and they measured that
+    batch; None otherwise (or where the file is missing)."""
+    got = _json(PUBLISHED) or {}
+    e = got.get("wu_he_2018")
+    if not e or batch not in e["images_per_rank"] or min(shape[-2:]) < IMAGENET_SIDE:
+        return None
+    at, top = e["images_per_rank"].index(batch), e["images_per_rank"].index(
+        max(e["images_per_rank"]))
+    bn, gn = e["error"]["bn"], e["error"]["gn"]
+    return (f"published, not measured by bnlab: {e['source']}: at {batch} images per GPU, "
+            f"BN {bn[at]}% top-1 error against {bn[top]}% at {max(e['images_per_rank'])} "
+            f"({bn[at] - bn[top]:.1f} points lost); GroupNorm {gn[at]}% ({min(gn)} to "
+            f"{max(gn)} at every batch)")

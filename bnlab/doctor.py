@@ -31,7 +31,7 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
-from bnlab.advice import groups, measured, without_communication
+from bnlab.advice import extrapolated, groups, measured, published, without_communication
 from bnlab.batchnorm import restore_modes, save_modes
 from bnlab.cli import add_json, emit
 from bnlab.errors import BnlabError
@@ -271,7 +271,8 @@ def report(args: argparse.Namespace) -> int:
                "min_values": args.min_values, "min_images": args.min_images}
     emit(args.json, render(setting, layers, risky, tips),
          {**setting, "layers": [asdict(layer) for layer in layers], "at_risk": len(risky),
-          "recommendations": tips, "thresholds_evidence": EVIDENCE})
+          "recommendations": tips, "notes": notes(setting) if risky else [],
+          "thresholds_evidence": EVIDENCE})
     return 1 if risky else 0
 
 
@@ -311,7 +312,15 @@ def render(setting: dict, layers: list[Layer], risky: list[Layer], tips: list[st
         lines.append(risk_line(layers, s["min_values"], s["min_images"]))
         lines.append("Fixes:")
         lines += [f"- {tip}" for tip in tips]
+        lines += [f"  {n}" for n in notes(s)]
     return "\n".join(lines + ["", evidence(s["min_images"], s["min_values"])])
+
+
+def notes(setting: dict) -> list[str]:
+    """Under the fixes: that they are extrapolated where the input is not what bnlab measured,
+    and a published measurement of this layout, labelled as such, where one matches."""
+    shape = tuple(int(v) for v in setting["input"].split("x"))
+    return [n for n in (extrapolated(shape), published(setting["batch_per_rank"], shape)) if n]
 
 
 def evidence(min_images: int, min_values: int) -> str:

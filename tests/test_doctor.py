@@ -365,3 +365,21 @@ def test_json_has_one_meaning_in_every_command(capsys, tmp_path):
                             "--batch-per-rank", "2", "--json", str(out))
     assert code == 1 and f"wrote {out}" in text and not text.lstrip().startswith("{")
     assert json.loads(out.read_text())["at_risk"] > 0
+
+
+def test_outside_what_bnlab_measured_the_doctor_says_extrapolated_and_shows_the_published_row(
+        capsys):
+    """The README's own example (resnet50, 224 px, 8 x 2): bnlab measured its fixes on
+    CIFAR-10 at 32 px, so its lines are extrapolated; Wu and He measured this very layout, and
+    their row is shown as published, not as bnlab's."""
+    _, r = _json(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
+                 "--world", "8", "--batch-per-rank", "2")
+    extrapolated, published = r["notes"]
+    assert extrapolated.startswith("extrapolated: bnlab measured these fixes on CIFAR-10 at "
+                                   "32 x 32 px, not at this input's 224 x 224")
+    assert published.startswith("published, not measured by bnlab: Wu and He 2018")
+    assert "BN 34.7% top-1 error against 23.6% at 32 (11.1 points lost)" in published
+    assert "GroupNorm 24.1% (24.0 to 24.2 at every batch)" in published
+    _, r = _json(capsys, "--model", "bnlab:resnet20", "--input", "3x32x32", "--world", "4",
+                 "--batch-per-rank", "2")
+    assert r["notes"] == []  # measured there; no published row for CIFAR-10 at 4 x 2

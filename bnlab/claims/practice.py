@@ -9,18 +9,18 @@ experiments/practice/rules.yaml (written before any of its runs):
 
 Where BN breaks as the per-rank batch shrinks, whether GroupNorm stays flat, and at 8 x 2 how
 much of BN's loss each fix gets back; Wu and He's published curve (ResNet-50 on ImageNet,
-experiments/practice/published.yaml) beside ours for the shape. Writes experiments/practice/
+bnlab/measured/published.json) beside ours for the shape. Writes experiments/practice/
 {table.md, practice.png}.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from bnlab.claims import practicepilot
 from bnlab.claims.frompilot import write_from_pilot
@@ -30,11 +30,11 @@ from bnlab.lab import analysis, judge, page, rules, table
 from bnlab.lab.figures import nothing_yet, plt, save
 from bnlab.lab.results import CellResult, fmt
 from bnlab.lab.table import RunsData, Verdict
-from bnlab.paths import EXPERIMENTS
+from bnlab.paths import EXPERIMENTS, MEASURED
 
 RULES = rules.read("practice")
 SPEC = EXPERIMENTS / "practice" / "sweep.yaml"
-PUBLISHED = yaml.safe_load((EXPERIMENTS / "practice" / "published.yaml").read_text())
+PUBLISHED = json.loads((MEASURED / "published.json").read_text())["wu_he_2018"]
 SEEDS = list(range(RULES["min_seeds"]))
 RANKS = 8
 BATCHES = (16, 8, 4, 2)       # images per rank; global batch 128 .. 16
