@@ -87,32 +87,34 @@ class Diagnosis:
         return [g for g in self.layers if g.at_risk]
 
     def verdict(self) -> str:
-        """One line: whether BN's statistics are the problem, and the fix."""
-        parts = []
+        """The measured cost's verdict on the first line, as the exit status gives it (a
+        problem above the threshold); the structural risk (the doctor's rule) and the ranks'
+        agreement each on a line of its own."""
         if self.cost > self.threshold:
-            parts.append(f"the running statistics cost {self.cost:.2f} points of {self.metric} "
-                         f"(PreciseBN recovers them): recalibrate before evaluating, "
-                         f"bnlab.precise_bn(model, train_batches)")
+            lines = [f"BN's statistics are a problem here: the running statistics cost "
+                     f"{self.cost:.2f} points of {self.metric} (threshold {self.threshold:g}; "
+                     "PreciseBN recovers them): recalibrate before evaluating, "
+                     "bnlab.precise_bn(model, train_batches)."]
+        else:
+            lines = [f"BN's statistics are not the problem here: PreciseBN changes "
+                     f"{self.metric} by {self.cost:+.2f} points (threshold "
+                     f"{self.threshold:g})."]
         if self.at_risk:
-            parts.append(f"{len(self.at_risk)} of {len(self.layers)} BN layers are at risk at "
-                         f"{self.batch_per_rank} samples per rank (the doctor's rule): share "
-                         f"statistics across ranks, bnlab.convert(model, 'syncbn', "
-                         f"sync_group=k) with k ranks reaching 8 samples (python -m bnlab "
-                         f"doctor names k); or, "
-                         f"{without_communication(DOCTOR_LISTS, self.values)}")
+            lines.append(f"Structural risk: {len(self.at_risk)} of {len(self.layers)} BN layers "
+                         f"are at risk at {self.batch_per_rank} samples per rank (the doctor's "
+                         "rule): share statistics across ranks, bnlab.convert(model, 'syncbn', "
+                         "sync_group=k) with k ranks reaching 8 samples (bnlab doctor names "
+                         f"k); or, {without_communication(DOCTOR_LISTS, self.values)}")
+        elif self.batch_per_rank is not None:
+            lines.append(f"No layer is at risk at {self.batch_per_rank} samples per rank.")
         spread = max(self.ranks.values(), default=0.0)
         if spread > 1.0:
-            parts.append(f"the ranks' running statistics disagree by up to {spread:.2f} "
-                         f"(rank 0's sd or log variance): sync them at epoch ends, "
-                         f"bnlab.sync_bn_stats(model)")
-        if not parts:
-            return (f"BN's statistics are not the problem here: PreciseBN changes {self.metric}"
-                    f" by {self.cost:+.2f} points (threshold {self.threshold:g})"
-                    + ("" if self.batch_per_rank is None else
-                       f" and no layer is at risk at {self.batch_per_rank} samples per rank")
-                    + ("" if self.world == 1 else
-                       f"; the ranks' running statistics agree within {spread:.2f}") + ".")
-        return "BN's statistics are a problem: " + "; ".join(parts) + "."
+            lines.append(f"The ranks' running statistics disagree by up to {spread:.2f} "
+                         "(rank 0's sd or log variance): sync them at epoch ends, "
+                         "bnlab.sync_bn_stats(model).")
+        elif self.world > 1:
+            lines.append(f"The ranks' running statistics agree within {spread:.2f}.")
+        return "\n".join(lines)
 
     def table(self, top: int = 10) -> str:
         rows = [f"| with the running statistics | {self.running:.2f} |"]

@@ -185,3 +185,20 @@ def test_the_command_prints_the_table_writes_json_and_exits_by_the_threshold(
     assert code == 1 and "recalibrate" in out
     code, _, err = cli("--checkpoint", "nothing.pt")
     assert code == 2 and err.count("\n") == 1 and "does not exist" in err
+
+
+def test_the_verdicts_first_line_follows_the_measured_cost_as_the_exit_status_does():
+    """Below the threshold the verdict says 'not the problem' even where layers are at risk by
+    the doctor's rule, which it says on a second line (a 30-epoch run measured +0.79 points and
+    exited 0 while its verdict opened 'a problem')."""
+    from bnlab.diagnose import Diagnosis, LayerGap
+
+    at_risk = [LayerGap("bn1", 0.1, 0.2, True)]
+    low = Diagnosis(70.0, {"train": 70.79}, None, 2, 64, at_risk)
+    first, second = low.verdict().splitlines()
+    assert first.startswith("BN's statistics are not the problem here: PreciseBN changes")
+    assert "+0.79 points (threshold 1)" in first
+    assert second.startswith("Structural risk: 1 of 1 BN layers are at risk at 2 samples")
+    high = Diagnosis(70.0, {"train": 72.5}, None, 2, 64, at_risk)
+    assert high.verdict().startswith("BN's statistics are a problem here: the running "
+                                     "statistics cost 2.50 points")
