@@ -143,3 +143,15 @@ def test_the_preliminary_line_says_which_verdicts_can_change(tmp_path):
         text = readme.read_text()
         assert "**Preliminary:** 0 of the" in text and says in text, text
         assert ("(preliminary)" in text) is (says.startswith("the verdicts marked"))
+
+
+def test_no_placeholder_survives_in_a_page_or_a_rule():
+    """A generated page or a rules file never prints a stand-in for what it should name (a
+    commit that 'adds this line', a TODO)."""
+    stand_ins = ("the commit that adds", "TODO", "FIXME", "TBD", "XXX")
+    pages = [f for f in EXPERIMENTS.rglob("*") if f.suffix in (".md", ".yaml")
+             and "runs" not in f.relative_to(EXPERIMENTS).parts[:1]
+             and f.name != "sweep.yaml"] + [ROOT / "README.md"]
+    found = [f"{f.relative_to(ROOT)}: {s}" for f in pages for s in stand_ins
+             if s in f.read_text()]
+    assert found == []
