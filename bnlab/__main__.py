@@ -18,9 +18,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from bnlab import doctor
+from bnlab import commands
 from bnlab.cli import run_cli
-from bnlab.evaluation import add_diagnose_parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,28 +31,11 @@ def main(argv: list[str] | None = None) -> int:
         return run_cli(lambda: verify.main(argv[2:], prog))
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    doctor.add_parser(sub)
-    add_diagnose_parser(sub)
-    try:
-        from bnlab.lab import runs  # the harness's tools (matplotlib, Hydra): the lab extra
-    except ModuleNotFoundError as e:
-        runs = None
-        missing = e.name
-    if runs is not None:
-        runs.add_parsers(sub)
-    else:
-        for name in ("runs", "plot"):
-            p = sub.add_parser(name, help="(needs the lab extra: pip install 'bnlab[lab]')")
-            p.add_argument("paths", nargs="*")
-            p.set_defaults(run=lambda a, n=name: lab_missing(n, missing))
+    commands.add_doctor(sub)
+    commands.add_diagnose(sub)
+    commands.add_runs(sub)
     args = parser.parse_args(argv)
     return run_cli(lambda: args.run(args))
-
-
-def lab_missing(command: str, module: str | None) -> int:
-    print(f"bnlab {command}: needs the lab extra ({module} is not installed); install it with "
-          "pip install 'bnlab[lab]'.", file=sys.stderr)
-    return 2
 
 
 if __name__ == "__main__":

@@ -38,12 +38,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bnlab import doctor
 from bnlab.advice import without_communication
+from bnlab.defaults import THRESHOLD
 from bnlab.diagnostics import divergence, gather_running_stats, on_batch_statistics
 from bnlab.errors import BnlabError
 from bnlab.precise_bn import ESTIMATORS, precise_bn, set_running_stats
 
 EPS = 1e-5
-THRESHOLD = 1.0  # points of the metric: above this cost, the statistics are a problem
+# THRESHOLD (bnlab/defaults.py): points of the metric above which the statistics are a problem
 DOCTOR_LISTS = "bnlab doctor lists them"  # where the options are, for the advice line
 
 

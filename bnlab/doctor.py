@@ -33,16 +33,15 @@ from torch.nn.modules.instancenorm import _InstanceNorm
 
 from bnlab.advice import extrapolated, groups, measured, published, without_communication
 from bnlab.batchnorm import restore_modes, save_modes
-from bnlab.cli import add_json, emit
+from bnlab.cli import emit
+from bnlab.defaults import MIN_IMAGES, MIN_VALUES
 from bnlab.errors import BnlabError
 from bnlab.modelref import load_model, parse_input
 from bnlab.norms import EvoNormS0
 from bnlab.syncbn import group_ranks
 
-KINDS = ("bn", "syncbn")
-# A layer is at risk below these per rank (experiments/values tests them against the data).
-MIN_VALUES = 16  # values per channel that a BN layer normalizes over
-MIN_IMAGES = 8   # images (samples) per BN group
+# A layer is at risk below MIN_IMAGES or MIN_VALUES per rank (bnlab/defaults.py, torch-free for
+# bnlab --help; experiments/values tests them against the data); KINDS: what --norm converts to.
 EVIDENCE = "experiments/values/table.md"  # where bnlab measures BN against these (table-values)
 
 
@@ -331,32 +330,3 @@ def evidence(min_images: int, min_values: int) -> str:
     return (f"Thresholds: {min_images} samples and {min_values} values per channel ({which}). "
             f"bnlab's make table-values tests them on CIFAR-10 at global batches of 8 and 16: "
             f"{EVIDENCE} in bnlab's repository.")
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("doctor", help="which normalization layers are at risk, and the fix",
-                       description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True,
-                   help="torchvision:<name>, bnlab:<name>, <module>:<factory>, or a checkpoint")
-    p.add_argument("--input", help="one sample's shape, e.g. 3x224x224 (default: 3x32x32 for "
-                                   "bnlab models, else 3x224x224)")
-    p.add_argument("--world", type=int, default=8, help="number of ranks (default 8)")
-    p.add_argument("--batch-per-rank", type=int, default=2,
-                   help="samples per rank in one forward pass: the micro-batch under gradient "
-                   "accumulation (default 2)")
-    p.add_argument("--grad-accum", type=int, default=1,
-                   help="micro-batches accumulated per optimizer step (default 1): BN still "
-                   "normalizes each micro-batch, and the fixes say so")
-    p.add_argument("--norm", choices=KINDS, help="convert the BN layers first (default: the "
-                                                 "model as built, statistics per rank)")
-    p.add_argument("--sync-group", type=int, default=0,
-                   help="with --norm syncbn: ranks that share statistics (default all)")
-    p.add_argument("--min-values", type=int, default=MIN_VALUES,
-                   help=f"values per channel below which a layer is at risk (default {MIN_VALUES})")
-    p.add_argument("--min-images", type=int, default=MIN_IMAGES,
-                   help=f"samples below which a layer is at risk (default {MIN_IMAGES})")
-    p.add_argument("--skip", action="append", default=[], metavar="NAME",
-                   help="with --norm: a layer to leave as it is (repeatable; the names of "
-                        "model.named_modules(), as a refusal names them)")
-    add_json(p)
-    p.set_defaults(run=report)

@@ -26,9 +26,9 @@ from tqdm import tqdm
 
 from bnlab import checkpoint, dist, doctor, modelref
 from bnlab.batchnorm import set_epoch
-from bnlab.cli import add_json, emit, imported
+from bnlab.cli import emit, imported
 from bnlab.data import Dataset, Split, TrainLoader, build_dataset
-from bnlab.diagnose import THRESHOLD, Diagnosis, accuracy
+from bnlab.diagnose import Diagnosis, accuracy
 from bnlab.diagnose import diagnose as diagnose_model
 from bnlab.diagnostics import train_mode_accuracy
 from bnlab.errors import BnlabError
@@ -147,8 +147,10 @@ def run_doctor(cfg: DictConfig) -> int:
         if not isinstance(d[key], int) or d[key] < 1:
             raise BnlabError(f"doctor.{key} must be a positive integer, got {d[key]!r}.")
     # the doctor's own parser, so every option it gains has its default here too
+    from bnlab.commands import add_doctor
+
     sub = argparse.ArgumentParser().add_subparsers()
-    doctor.add_parser(sub)
+    add_doctor(sub)
     args = sub.choices["doctor"].parse_args(
         ["--model", f"bnlab:{d.model}", "--world", str(d.world), "--batch-per-rank",
          str(d.batch_per_gpu), "--norm", d.norm, "--min-values", str(d.min_values),
@@ -228,33 +230,3 @@ def diagnose_command(args: argparse.Namespace) -> int:
                             rank_stats=ranks, per_rank=args.per_rank)
     emit(args.json, report.table(), report.to_json())
     return 1 if report.cost > args.threshold else 0
-
-
-def add_diagnose_parser(sub) -> None:
-    p = sub.add_parser("diagnose", help="how much a trained model's BN statistics cost on its "
-                       "data, and which layers", description="Is BN the problem in my run? "
-                       "What a trained model's BN statistics cost on its own data "
-                       "(bnlab.diagnose).")
-    p.add_argument("--model", required=True, help="<module>:<factory>, torchvision:<name>, "
-                   "or a bnlab run (its folder or checkpoint.pt: its own data, no --loader)")
-    p.add_argument("--checkpoint", help="weights for --model: a state dict, or a checkpoint "
-                   "holding one under 'model' or 'state_dict'")
-    p.add_argument("--loader", help="<module>:<function> returning the training batches of "
-                   "(input, target) that PreciseBN reads (and the metric, without "
-                   "--val-loader)")
-    p.add_argument("--val-loader", help="<module>:<function> returning the batches top-1 "
-                   "accuracy is measured on")
-    p.add_argument("--batch-per-rank", type=int, help="the per-rank batch the run trained "
-                   "with: the train-mode row and the doctor's rule (a bnlab run: its own)")
-    p.add_argument("--num-samples", type=int, default=4096,
-                   help="samples PreciseBN reads (default 4096)")
-    p.add_argument("--threshold", type=float, default=THRESHOLD, help="exit 1 where the "
-                   f"statistics cost more than this many points (default {THRESHOLD:g})")
-    p.add_argument("--data-root", help="a bnlab run: read CIFAR-10 from here instead of the "
-                   "run's own data.root")
-    p.add_argument("--per-rank", action="store_true", help="also measure the metric with "
-                   "each rank's running statistics and with their average (a bnlab run's "
-                   "checkpoint keeps them; for your own DDP model use bnlab.diagnose(..., "
-                   "per_rank=True) under torchrun)")
-    add_json(p)
-    p.set_defaults(run=diagnose_command)

@@ -216,3 +216,18 @@ def test_the_library_imports_nothing_of_the_trainers_or_the_labs_packages():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "", p.stdout + p.stderr
+
+
+def test_the_commands_help_imports_neither_torch_nor_the_lab():
+    """`bnlab --help` answers at once: its parsers (bnlab/commands.py) and `import bnlab` load
+    torch only when a command runs or a name is first used."""
+    import subprocess
+    import sys
+
+    code = ("import sys, bnlab.__main__ as m\ntry:\n    m.main(['doctor', '--help'])\n"
+            "except SystemExit:\n    pass\nprint(sorted({'torch', 'matplotlib', 'hydra'} & "
+            "{k.split('.')[0] for k in sys.modules}))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and p.stdout.strip().endswith("[]"), p.stdout + p.stderr
+    assert "--batch-per-rank" in p.stdout and "(default 16)" in p.stdout

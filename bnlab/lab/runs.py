@@ -91,14 +91,10 @@ def plot(runs: list[Run], out: Path) -> None:
     save(fig, out, f"{len(runs)} run(s)")
 
 
-def add_parsers(sub) -> None:
-    p = sub.add_parser("runs", help="a table across runs (a multirun's jobs, a folder of runs)")
-    p.add_argument("paths", nargs="+", type=Path, help="run directories or folders above them")
-    p.set_defaults(run=lambda a: print(table(find(a.paths), common_root(a.paths))) or 0)
-    p = sub.add_parser("plot", help="runs' val acc and loss curves side by side, with jitter")
-    p.add_argument("paths", nargs="+", type=Path, help="run directories or folders above them")
-    p.add_argument("--out", type=Path, default=Path("runs.png"), help="the PNG (default runs.png)")
-    p.set_defaults(run=run_plot)
+def run_table(a: argparse.Namespace) -> int:
+    """`bnlab runs PATH...` (its parser: bnlab/commands.py)."""
+    print(table(find(a.paths), common_root(a.paths)))
+    return 0
 
 
 def run_plot(a: argparse.Namespace) -> int:
