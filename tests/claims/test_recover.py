@@ -64,7 +64,7 @@ def test_each_fix_is_judged_against_the_reference_and_bn(tmp_path):
         advice["fixes"]["ln"]["state"] == "no better"  # the doctor's gn line reads its entry
     f = recover.finding(recover.Recover(d))[0]
     assert f.text.startswith("At 4 x 2 on resnet20, SyncBN over all 4 ranks gets back ") and \
-        f.text.endswith(" and GroupNorm 50% (50 to 50); LayerNorm does no better than BN.")
+        f.text.endswith(" and GroupNorm 50%, partly (50 to 50); LayerNorm does no better than BN.")
 
 
 def test_a_seed_still_to_come_leaves_the_fix_undecided_and_no_finding(tmp_path):
@@ -116,14 +116,14 @@ def test_the_finding_says_when_no_fix_without_communication_does_better(monkeypa
                              "best_free": fixes["precise"]}}
     monkeypatch.setattr(recover.words, "picks", lambda data, inp: by_input.get(inp))
     assert recover.finding(None)[0].text == (
-        "At 4 x 2 on resnet20, SyncBN over all 4 ranks gets back 80% of BN's loss (95% CI 70 "
-        "to 90); no fix without per-step communication beats BN.")
+        "At 4 x 2 on resnet20, SyncBN over all 4 ranks gets back 80% of BN's loss, partly (95% "
+        "CI 70 to 90); no fix without per-step communication beats BN.")
     by_input["resnet18 32 px"] = {"fixes": other, "values": 2, "best": other["gn"],
                                   "best_free": other["gn"]}
     assert recover.finding(None)[0].text == (
-        "At 4 x 2, on resnet20 (128 values per channel) SyncBN gets back 80% of BN's loss (95% "
-        "CI 70 to 90), none without cross-GPU communication does; on resnet18 at 32 px (2 values) "
-        "GroupNorm 90% (80 to 100).")
+        "At 4 x 2, on resnet20 (128 values) SyncBN gets back 80% of BN's loss, partly (95% CI "
+        "70 to 90), none without cross-GPU communication does; on resnet18 at 32 px (2 values) "
+        "GroupNorm 90%, recovers (80 to 100).")
     after = recover.finding(None)[0].after  # one story: findings 4 and the demo beside it
     assert after.startswith("Plain GroupNorm on resnet20 plateaus 4.0 points below BN in "
                             "finding 2's table, which trains each fix 10 epochs at the rate its "
@@ -136,11 +136,11 @@ def test_the_finding_says_when_no_fix_without_communication_does_better(monkeypa
     other["syncbn"] = entry("syncbn", "recovers", 9.5)
     by_input["resnet18 32 px"]["best"] = other["syncbn"]
     assert recover.finding(None)[0].text.endswith(
-        "on resnet18 at 32 px (2 values) SyncBN 95% (85 to 105), communication-free "
-        "GroupNorm 90% (80 to 100).")
+        "on resnet18 at 32 px (2 values) SyncBN 95%, recovers (85 to 105), communication-free "
+        "GroupNorm 90%, recovers (80 to 100).")
     fixes["syncbn"] = entry("syncbn", "no better", 0.2)
     by_input["resnet20"]["best"] = fixes["syncbn"]
-    assert "on resnet20 (128 values per channel) no fix beats BN;" in \
+    assert "on resnet20 (128 values) no fix beats BN;" in \
         recover.finding(None)[0].text
 
 

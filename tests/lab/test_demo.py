@@ -117,8 +117,9 @@ def test_the_headline_json_is_the_readme_s_headline():
 
 
 def test_what_it_found_reads_in_a_minute():
-    """The README's findings: at most 2,050 characters of prose outside the figures, the
-    verdict table and the line of terms above them (1,200 before each finding named its model
+    """The README's findings: at most 2,085 characters of prose outside the figures, the
+    verdict table and the line of terms above them (2,050 before every share carried its state,
+    "84%, unclear"; 1,200 before each finding named its model
     and placed its rate and a sentence under the list said why two findings rank GroupNorm
     differently; 1,650 before finding 2 gained its line on length, set under it, and that
     sentence named the demo's input; 2,000 before a newcomer's read asked that the line on
@@ -130,7 +131,7 @@ def test_what_it_found_reads_in_a_minute():
     prose = [ln for ln in section.splitlines() if ln.strip() and not ln.startswith(("|", "![",
                                                                                    "<!--"))]
     shown = [re.sub(r"\]\([^)]*\)", "]", ln) for ln in prose]  # a link's target is no prose
-    assert sum(map(len, shown)) - len(readme.TERMS) <= 2050
+    assert sum(map(len, shown)) - len(readme.TERMS) <= 2085
     assert len(readme.TERMS.split()) <= 90 and shown[0] == readme.TERMS  # before the first
     items = [ln for ln in shown if re.match(r"\d+\. ", ln)]
     assert 3 <= len(items) <= 6 and all(len(ln.split()) <= 45 for ln in items)

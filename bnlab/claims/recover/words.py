@@ -107,11 +107,11 @@ def ranked(p: dict) -> str:
         if e.get("share") is None or e.get("lo") is None:
             parts.append(said(e))
         elif i == 0:
-            parts.append(f"{e['name']} gets back {100 * e['share']:.0f}% of BN's loss (95% CI "
-                         f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f})")
+            parts.append(f"{e['name']} gets back {100 * e['share']:.0f}% of BN's loss, "
+                         f"{e['state']} (95% CI {100 * e['lo']:.0f} to {100 * e['hi']:.0f})")
         else:
-            parts.append(f"{e['name']} {100 * e['share']:.0f}% ({100 * e['lo']:.0f} to "
-                         f"{100 * e['hi']:.0f})")
+            parts.append(f"{e['name']} {100 * e['share']:.0f}%, {e['state']} ("
+                         f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f})")
     free = [f for f in p["fixes"] if f in COMMUNICATION_FREE]
     if not better:
         tail = "no fix beats BN"
@@ -132,8 +132,8 @@ def best_two(p: dict, first: bool = True) -> str:
             return said(e)
         ci = f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f}"
         name = SHORT.get(e["fix"], e["name"])
-        return (f"{name} gets back {100 * e['share']:.0f}% of BN's loss (95% CI {ci})"
-                if words else f"{name} {100 * e['share']:.0f}% ({ci})")
+        return (f"{name} gets back {100 * e['share']:.0f}% of BN's loss, {e['state']} (95% CI "
+                f"{ci})" if words else f"{name} {100 * e['share']:.0f}%, {e['state']} ({ci})")
 
     best, free = p["best"], p.get("best_free")
     if best["state"] == "no better":
@@ -160,7 +160,7 @@ def finding(data: Recover) -> list[Finding]:
     else:
         text = "At 4 x 2, " + "; ".join(
             f"on {inp.replace(' 32 px', ' at 32 px')}"
-            + (f" ({p['values']} values{' per channel' * (i == 0)})" if p.get("values") else "")
+            + (f" ({p['values']} values)" if p.get("values") else "")
             + f" {best_two(p, i == 0)}" for i, (inp, p) in enumerate(done.items()))
     return [Finding(text + ".", "recover", rules.mark(RULES), rank=2, after=reconciled(done))]
 
