@@ -121,7 +121,7 @@ def test_the_finding_says_when_no_fix_without_communication_does_better(monkeypa
     by_input["resnet18 32 px"] = {"fixes": other, "values": 2, "best": other["gn"],
                                   "best_free": other["gn"]}
     assert recover.finding(None)[0].text == (
-        "At 4 x 2, on resnet20 (128 values) SyncBN gets back 80% of BN's loss, partly (95% CI "
+        "At 4 x 2, on resnet20 (128 values) SyncBN regains 80% of BN's loss, partly (95% CI "
         "70 to 90), none without cross-GPU communication does; on resnet18 at 32 px (2 values) "
         "GroupNorm 90%, recovers (80 to 100).")
     after = recover.finding(None)[0].after  # one story: findings 4 and the demo beside it

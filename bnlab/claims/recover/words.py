@@ -132,7 +132,7 @@ def best_two(p: dict, first: bool = True) -> str:
             return said(e)
         ci = f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f}"
         name = SHORT.get(e["fix"], e["name"])
-        return (f"{name} gets back {100 * e['share']:.0f}% of BN's loss, {e['state']} (95% CI "
+        return (f"{name} regains {100 * e['share']:.0f}% of BN's loss, {e['state']} (95% CI "
                 f"{ci})" if words else f"{name} {100 * e['share']:.0f}%, {e['state']} ({ci})")
 
     best, free = p["best"], p.get("best_free")
