@@ -12,7 +12,7 @@ import pytest
 from bnlab import floatenv
 from bnlab.__main__ import main
 from bnlab.errors import BnlabError
-from bnlab.lab import verify
+from bnlab.lab import identity, verify
 from conftest import CIFAR_MINI, ROOT, needs_cifar
 
 GOLDEN = ROOT / "tests" / "golden" / "resnet20-bn-4x2"
@@ -35,10 +35,10 @@ def test_the_first_difference_is_found_at_one_ulp_and_train_loss_comes_first():
     want = {(8, "train/acc"): 12.5, (8, "train/loss"): 2.4, (16, "train/loss"): 2.3,
             (16, "val/acc"): 10.0}
     got = dict(want)
-    assert verify.first_difference(want, got)[1] is None
+    assert identity.first_difference(want, got)[1] is None
     got[16, "train/loss"] = math.nextafter(2.3, 3.0)  # one ulp
     got[16, "val/acc"] = 11.0
-    same, first = verify.first_difference(want, got)
+    same, first = identity.first_difference(want, got)
     assert first == (16, "train/loss", 2.3, math.nextafter(2.3, 3.0)) and len(same) == 4
 
 

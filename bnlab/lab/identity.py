@@ -50,17 +50,28 @@ def pairs(cells: list[CellResult]) -> list[tuple[CellResult, CellResult]]:
     return out
 
 
-def logged(r: Run) -> dict[tuple[int, str], float]:
-    return {(row["step"], k): v for row in r.rows for k, v in row.items()
-            if k != "step" and isinstance(v, int | float) and not k.startswith(SKIP)}
+def logged(rows: list[dict], skip: tuple[str, ...] = SKIP, until: int | None = None
+           ) -> dict[tuple[int, str], float]:
+    """Every number a run logged, by (step, key), less the keys starting with `skip`; only at
+    steps up to `until` where given."""
+    return {(row["step"], k): v for row in rows if until is None or row.get("step", 0) <= until
+            for k, v in row.items()
+            if k != "step" and isinstance(v, int | float) and not k.startswith(skip)}
+
+
+def first_difference(want: dict, got: dict) -> tuple[list, tuple | None]:
+    """The (step, key) pairs both logged, in order (train/loss first within a step), and the
+    first whose values differ in any bit: (step, key, one, other), or None."""
+    both = sorted(set(want) & set(got), key=lambda sk: (sk[0], sk[1] != "train/loss", sk[1]))
+    first = next(((s, k, want[s, k], got[s, k]) for s, k in both if want[s, k] != got[s, k]),
+                 None)
+    return both, first
 
 
 def check(a: Run, b: Run) -> dict:
     """Two runs of one seed compared at every value both logged: {equal, compared, first,
     kernels (each side's capabilities at start and resumes)}."""
-    va, vb = logged(a), logged(b)
-    both = sorted(set(va) & set(vb), key=lambda sk: (sk[0], sk[1] != "train/loss", sk[1]))
-    first = next(((s, k, va[s, k], vb[s, k]) for s, k in both if va[s, k] != vb[s, k]), None)
+    both, first = first_difference(logged(a.rows), logged(b.rows))
     return {"equal": first is None and bool(both), "compared": len(both), "first": first,
             "kernels": (floatenv.capabilities_of(a.info), floatenv.capabilities_of(b.info))}
 

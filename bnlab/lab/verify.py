@@ -24,6 +24,7 @@ import yaml
 
 from bnlab import floatenv
 from bnlab.errors import BnlabError
+from bnlab.lab.identity import first_difference, logged
 from bnlab.metrics import read_jsonl
 from bnlab.paths import ROOT
 from bnlab.rundir import (
@@ -87,28 +88,6 @@ def kernel_env(info: dict, as_recorded: bool, capability: str | None) -> tuple[d
         "cpu_capability"] else "")
 
 
-def values(rows: list[dict], steps: int) -> dict[tuple[int, str], float]:
-    """Every logged number at steps up to `steps`, by (step, key), less timings."""
-    out = {}
-    for r in rows:
-        if r.get("step", 0) > steps:
-            continue
-        for k, v in r.items():
-            if k != "step" and isinstance(v, int | float) and not k.startswith(SKIP):
-                out[r["step"], k] = v
-    return out
-
-
-def first_difference(want: dict, got: dict) -> tuple[list, tuple | None]:
-    """The (step, key) pairs both logged, in order (train/loss first within a step), and the
-    first whose values differ in any bit: (step, key, recorded, now), or None."""
-    same = sorted((k for k in want if k in got), key=lambda sk: (sk[0], sk[1] != "train/loss",
-                                                                 sk[1]))
-    first = next(((s, k, want[s, k], got[s, k]) for s, k in same if want[s, k] != got[s, k]),
-                 None)
-    return same, first
-
-
 def rerun(run: Path, steps: int, data: str | None, env: dict, threads: int, info: dict,
           cfg: dict, where: Path) -> Path:
     """train.py with the run's overrides for `steps` steps into `where`; its run directory."""
@@ -133,7 +112,7 @@ def verify(run: Path, steps: int = 50, as_recorded: bool = False, data: str | No
     info, cfg, rows = recorded(run)
     if steps < 1:
         raise BnlabError(f"--steps {steps} re-runs nothing; give a positive number of steps.")
-    want = values(rows, steps)
+    want = logged(rows, SKIP, steps)
     if not any(k == "train/loss" for _, k in want):
         raise BnlabError(f"{run} logged no train/loss at or before step {steps} (it logs every "
                          f"{cfg.get('log_every', '?')} steps); raise --steps to at least that.")
@@ -143,7 +122,7 @@ def verify(run: Path, steps: int = 50, as_recorded: bool = False, data: str | No
         out = rerun(run, steps, data, env, threads, info, cfg, Path(tmp))
         now_info = json.loads((out / "run.json").read_text())
         now_cfg = yaml.safe_load((out / "config.yaml").read_text())
-        got = values(read_jsonl(out / "metrics.jsonl"), steps)
+        got = logged(read_jsonl(out / "metrics.jsonl"), SKIP, steps)
     same, first = first_difference(want, got)
 
     def exp(c: dict) -> dict:
