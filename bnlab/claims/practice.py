@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,7 @@ from bnlab.errors import BnlabError
 from bnlab.lab import analysis, judge, page, rules, table
 from bnlab.lab.figures import nothing_yet, plt, save
 from bnlab.lab.results import CellResult, fmt
-from bnlab.lab.table import RunsData, Verdict
+from bnlab.lab.table import Verdict
 from bnlab.paths import EXPERIMENTS, MEASURED
 
 RULES = rules.read("practice")
@@ -118,18 +117,13 @@ def write_spec(path: Path = SPEC, data: str | None = None) -> int:
 # Measures: end accuracy paired on the seed
 
 
-@dataclass
-class Practice:
-    runs: RunsData | None
-    waiting: str = ""
+Practice = table.Pending  # its runs once its spec exists, else why it waits
 
 
 def load(ctx: table.Context) -> Practice:
-    if not ctx.table.spec_path.is_file():
-        return Practice(None, "its spec is written from table-practicepilot's choices once the "
-                        "length and every batch-free fix's rate are chosen (`python -m "
-                        "bnlab.claims practice-spec`)")
-    return Practice(table.runs_data(ctx))
+    return table.pending(ctx, "its spec is written from table-practicepilot's choices once the "
+                         "length and every batch-free fix's rate are chosen (`python -m "
+                         "bnlab.claims practice-spec`)")
 
 
 def find(cells: list[CellResult], fix: str, b: int, longer: bool = False) -> CellResult | None:

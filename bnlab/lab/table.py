@@ -234,6 +234,20 @@ class RunsData:
         return {c.cell.label: c for c in self.cells}
 
 
+@dataclass
+class Pending:
+    """A table whose spec is written later, from a pilot's choices: its runs once the spec
+    exists, else why it waits."""
+
+    runs: RunsData | None
+    waiting: str = ""
+
+
+def pending(ctx: Context, why: str) -> Pending:
+    """`load` for such a table: its runs, or `why` it has none while its spec is missing."""
+    return Pending(runs_data(ctx)) if ctx.table.spec_path.is_file() else Pending(None, why)
+
+
 def runs_data(ctx: Context) -> RunsData:
     """`load` for a table built from its sweep's runs."""
     return RunsData(ctx.spec(), ctx.cells(), ctx.run_tag(), ctx.runs, ctx.out)

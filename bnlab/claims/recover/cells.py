@@ -5,7 +5,6 @@ doctor's advice."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 from bnlab.advice import FREE
@@ -47,19 +46,12 @@ NAMES = {"syncbn": "SyncBN over all 4 ranks", "syncbn2": "SyncBN in groups of 2 
          "frozen_bn": "frozen BN"}
 
 
-@dataclass
-class Recover:
-    """The table's data: its runs where its spec exists, else why it waits."""
-
-    runs: RunsData | None
-    waiting: str = ""
+Recover = table.Pending  # the table's data: its runs where its spec exists, else why it waits
 
 
 def load(ctx: table.Context) -> Recover:
-    if not ctx.table.spec_path.is_file():
-        return Recover(None, "its spec is written from the pilot's choices once every fix is "
-                       "chosen (`python -m bnlab.claims recover-spec`); see table-recoverpilot")
-    return Recover(table.runs_data(ctx))
+    return table.pending(ctx, "its spec is written from the pilot's choices once every fix is "
+                         "chosen (`python -m bnlab.claims recover-spec`); see table-recoverpilot")
 
 
 def name(c: CellResult) -> str:
