@@ -38,7 +38,6 @@ from bnlab.validation import (
     bn_health,
     evaluation,
     precise_bn_due,
-    recalibrate_before_eval,
     run_precise_bn,
 )
 
@@ -296,9 +295,7 @@ def evaluate_now(lp: Loop, epoch: int, i: int, probe: GapProbe | None) -> None:
     lp.clock.stop()
     at = epoch + i / lp.spe
     with lp.amp.autocast():  # evaluated as it trains
-        pre = recalibrate_before_eval(lp.model, lp.cfg, lp.data, lp.env, epoch) \
-            if lp.cfg["precise_bn"].get("before_eval", False) else {}
-        lp.last = {"step": lp.step, "epoch": at, **pre,
+        lp.last = {"step": lp.step, "epoch": at,
                    **evaluation(lp.model, lp.cfg, lp.data, lp.val, lp.env, lp.preds, lp.step, at)}
         if lp.cfg["diagnostics"]["enabled"]:
             lp.last.update(bn_health(lp.model, lp.cfg, lp.data, lp.val, lp.env, probe))

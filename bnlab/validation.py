@@ -8,6 +8,7 @@ that are only measured run on a copy.
 from __future__ import annotations
 
 import copy
+import math
 import time
 
 import torch
@@ -109,7 +110,8 @@ def classes(parts: list[torch.Tensor], env: dist.DistEnv) -> torch.Tensor:
 
 def evaluation(model: nn.Module, cfg: dict, data: Dataset, val, env: dist.DistEnv,
                preds: PredictionLog, step: int, epoch: float) -> dict:
-    """One evaluation: val metrics with the running statistics (EMA) and, with
+    """One evaluation (after PreciseBN in place where `precise_bn.before_eval`): val metrics
+    with the running statistics (EMA) and, with
     `record.decompose` (at evaluations after `record.decompose_after` of training), the same
     weights with (b) PreciseBN statistics of a fixed,
     un-augmented set of training images (`decomp/..._precise`) and, unless
@@ -118,7 +120,10 @@ def evaluation(model: nn.Module, cfg: dict, data: Dataset, val, env: dist.DistEn
     rec = cfg["record"]
     record = rec["predictions"]  # the same on every rank: gathering is a collective
     keep = [] if record else None
-    out = val_metrics(model, data, val, env, cfg["data"]["eval_batch"], keep)
+    pre = {}
+    if cfg["precise_bn"].get("before_eval", False):  # evaluations at (e, e + 1] are epoch e's
+        pre = recalibrate_before_eval(model, cfg, data, env, math.ceil(epoch) - 1)
+    out = {**pre, **val_metrics(model, data, val, env, cfg["data"]["eval_batch"], keep)}
     ways = [("ema", keep)]
     if rec["decompose"] and epoch > rec["decompose_after"] * cfg["epochs"] + 1e-9:
         t0 = time.perf_counter()
