@@ -204,12 +204,14 @@ class RankBatchNorm(_BatchNorm):
     # -- forward ------------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # torch's BN by name, not super(): a layer made from timm's BatchNormAct2d has that
+        # class after this one, and its forward would apply the activation a second time
         if not self.training:  # running statistics, or the batch's own where none are kept
-            return super().forward(x)
+            return _BatchNorm.forward(self, x)
         if self.sim_world > 1:
             return self._forward_simulated(x)
         if self.sync == "none" or not (tdist.is_initialized() and tdist.get_world_size() > 1):
-            return super().forward(x)
+            return _BatchNorm.forward(self, x)
         _check_dims(x)
         group = self.process_group if self.process_group is not None else \
             sync_group(self.group_size(tdist.get_world_size()))
@@ -342,6 +344,30 @@ class BatchRenorm(RankBatchNorm):
             self.running_mean.copy_(rm[0])
             self.running_var.copy_(rv[0])
         return xhat.reshape(x.shape).to(x.dtype)
+
+
+
+# ----------------------------------------------------------------------------------------
+# Type identity: a layer converted from nn.BatchNorm2d stays an nn.BatchNorm2d (1d and 3d
+# likewise), so code keyed on the type (weight-decay filters, timm's freeze_batch_norm_2d,
+# isinstance checks in a user's training loop) still finds it. torch's SyncBatchNorm has no
+# rank, so a layer converted from it is the base class alone.
+
+PLAIN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+_TYPED: dict[tuple[type, type], type] = {}
+for _base in (RankBatchNorm, FrozenBatchNorm, BatchRenorm):
+    for _plain in PLAIN:
+        _name = _base.__name__ + _plain.__name__.removeprefix("BatchNorm")  # RankBatchNorm2d
+        _TYPED[_base, _plain] = type(_name, (_base, _plain), {
+            "__module__": __name__, "__qualname__": _name,
+            "__doc__": f"{_base.__name__} that is also an nn.{_plain.__name__}."})
+        globals()[_name] = _TYPED[_base, _plain]  # importable, and so picklable
+
+
+def typed(base: type[RankBatchNorm], plain: type[_BatchNorm]) -> type[RankBatchNorm]:
+    """`base` made an instance of `plain` too (RankBatchNorm, nn.BatchNorm2d ->
+    RankBatchNorm2d); `base` itself where `plain` is not one of torch's 1d, 2d or 3d BN."""
+    return _TYPED.get((base, plain), base)
 
 
 def set_run_length(model: nn.Module, total_steps: int) -> dict | None:

@@ -48,7 +48,7 @@ EVIDENCE = "experiments/values/table.md"  # where bnlab measures BN against thes
 @dataclass
 class Layer:
     name: str
-    kind: str                 # BatchNorm2d, GroupNorm, ...
+    kind: str                 # bnlab's kind (syncbn, evonorm, ...) or torch's class name
     channels: int
     per_rank: int             # values per channel (per group for GN/LN) that one rank sees
     normalized_over: int      # values the layer normalizes over at this setting
@@ -68,6 +68,12 @@ def _norm_layers(model: nn.Module) -> dict[nn.Module, str]:
     frozen = (misc.FrozenBatchNorm2d,) if misc is not None else ()
     kinds = (_BatchNorm, nn.GroupNorm, nn.LayerNorm, _InstanceNorm, EvoNormS0, *frozen)
     return {m: n for n, m in model.named_modules() if isinstance(m, kinds)}
+
+
+def _kind(m: nn.Module) -> str:
+    """A layer's kind as bnlab names it (syncbn, brn, evonorm: what convert takes), else its
+    class (BatchNorm2d, GroupNorm, BatchNormAct2d)."""
+    return "evonorm" if isinstance(m, EvoNormS0) else getattr(m, "kind", type(m).__name__)
 
 
 def at_risk(images: int, values: int, min_values: int = MIN_VALUES,
@@ -114,7 +120,7 @@ def measure(model: nn.Module, shape: tuple[int, ...], world: int, batch: int, no
         if group:
             per_rank = batch * spatial
             over, images = per_rank * group, batch * group
-            out.append(Layer(name, type(m).__name__, m.num_features, per_rank, over, images,
+            out.append(Layer(name, _kind(m), m.num_features, per_rank, over, images,
                              True, at_risk(images, over, min_values, min_images)))
         else:
             c = s[1] if len(s) > 1 else 1
@@ -124,7 +130,7 @@ def measure(model: nn.Module, shape: tuple[int, ...], world: int, batch: int, no
                 math.prod(m.normalized_shape)
             if not isinstance(m, (nn.GroupNorm, nn.LayerNorm, EvoNormS0)):  # IN, frozen BN
                 per = spatial
-            out.append(Layer(name, type(m).__name__, c, per, per, 1, False, False))
+            out.append(Layer(name, _kind(m), c, per, per, 1, False, False))
     return out
 
 

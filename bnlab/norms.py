@@ -36,9 +36,10 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
-from bnlab.batchnorm import BatchNormXd, BatchRenorm, FrozenBatchNorm, RankBatchNorm
+from bnlab.batchnorm import PLAIN, BatchNormXd, BatchRenorm, FrozenBatchNorm, RankBatchNorm, typed
 from bnlab.compat import BN_TAKES_BIAS, GN_TAKES_BIAS, bias_kw, drop_bias
 from bnlab.errors import BnlabError
+from bnlab.normact import NormAct, is_norm_act, plain_of, with_act
 from bnlab.wsconv import WSConv2d, feeding_convs, from_conv, to_conv
 
 # ----------------------------------------------------------------------------------------
@@ -69,17 +70,17 @@ def _carry(src: nn.Module, dst: nn.Module, names: Iterable[str]) -> nn.Module:
 
 
 BN_STATE = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
-_PLAIN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 
 def _reverts_to(bn: _BatchNorm) -> type[_BatchNorm]:
     if isinstance(bn, RankBatchNorm):
         return bn.reverts_to
-    return next((c for c in _PLAIN if isinstance(bn, c)), BatchNormXd)
+    return next((c for c in PLAIN if isinstance(bn, c)), BatchNormXd)
 
 
 def _batch_stat_layer(cls, bn: _BatchNorm, eps, momentum, **kw) -> RankBatchNorm:
-    layer = cls(bn.num_features, eps=bn.eps if eps is _KEEP else eps,
+    plain = next((c for c in PLAIN if isinstance(bn, c)), None)  # it stays one (typed)
+    layer = typed(cls, plain)(bn.num_features, eps=bn.eps if eps is _KEEP else eps,
                 momentum=bn.momentum if momentum is _KEEP else momentum, affine=bn.affine,
                 track_running_stats=bn.track_running_stats, bias=bn.bias is not None, **kw,
                 **_factory(bn))
@@ -205,7 +206,7 @@ NORMS: dict[str, Callable[..., nn.Module]] = {
 
 # Layers whose forward is known: a BN subclass with another forward, or with child modules
 # (timm's BatchNormAct2d: BN + activation), would lose that behaviour if rebuilt.
-_KNOWN_FORWARDS = {c.forward for c in (*_PLAIN, nn.SyncBatchNorm, BatchNormXd, RankBatchNorm)}
+_KNOWN_FORWARDS = {c.forward for c in (*PLAIN, nn.SyncBatchNorm, BatchNormXd, RankBatchNorm)}
 
 
 def _refuse_unknown(bn: _BatchNorm, name: str) -> None:
@@ -298,11 +299,13 @@ def convert(model: nn.Module, kind: str, *, skip: Iterable[str] = (), **opts) ->
             return None
         if name in skip:
             return module
-        _refuse_unknown(module, name)
+        if not is_norm_act(module):
+            _refuse_unknown(module, name)
         try:
-            return make(module, name, **opts)
+            layer = make(module, name, **opts)
         except TypeError as e:
             raise BnlabError(f"norm={kind} got an option it does not take ({e}).") from None
+        return with_act(layer, module) if is_norm_act(module) else layer
 
     out = _swap(model, pick)
     if kind == "evonorm" and opts.get("placement", "each_bn") != "each_bn":
@@ -321,10 +324,11 @@ PLACEMENTS = ("each_bn", "norm_act")
 
 def place_norm_act(model: nn.Module) -> int:
     """EvoNorm-S0 where its authors put it, in a model whose BNs `convert` made EvoNorm-S0:
-    each one followed by its block's ReLU takes the ReLU's place too (the ReLU becomes an
-    Identity), every other one (the block's last, the projection shortcut's) runs without
-    its nonlinearity, affine only. Refused for a model with no block it knows (NORM_ACT).
-    Returns how many ReLUs it took."""
+    each one followed by its block's ReLU, or made from a timm norm-act layer with an
+    activation, takes the activation's place too (it becomes an Identity), every other one
+    (the block's last, the projection shortcut's) runs without its nonlinearity, affine only.
+    Refused for a model with no block or layer it knows (NORM_ACT). Returns how many
+    activations it took."""
     paired = set()
     for block in model.modules():
         for norm, act in NORM_ACT.get(type(block).__name__, ()):
@@ -332,11 +336,17 @@ def place_norm_act(model: nn.Module) -> int:
             if isinstance(layer, EvoNormS0) and isinstance(getattr(block, act, None), nn.ReLU):
                 paired.add(id(layer))
                 setattr(block, act, nn.Identity())
+    for layer in model.modules():  # made from timm's norm-act layers: their act, if any
+        if isinstance(layer, EvoNormS0) and isinstance(layer, NormAct) and \
+                not isinstance(layer.act, nn.Identity):
+            paired.add(id(layer))
+            layer.act = nn.Identity()
     if not paired:
         raise BnlabError(
-            "norm.placement=norm_act knows the blocks of bnlab's resnet20 only (a BN followed "
-            "by its own ReLU module); use norm.placement=each_bn (EvoNorm-S0 in place of every "
-            "BN, the model's ReLUs kept) for this model.")
+            "norm.placement=norm_act knows the blocks of bnlab's resnet20 (a BN followed by its "
+            "own ReLU module) and timm's norm-act layers (BatchNormAct2d) only; use "
+            "norm.placement=each_bn (EvoNorm-S0 in place of every BN, the model's activations "
+            "kept) for this model.")
     for m in model.modules():
         if isinstance(m, EvoNormS0):
             m.nonlinearity = id(m) in paired
@@ -359,8 +369,11 @@ def revert(model: nn.Module) -> nn.Module:
     def pick(module: nn.Module, name: str) -> nn.Module | None:
         if isinstance(module, WSConv2d):
             return to_conv(module)
-        if not isinstance(module, (RankBatchNorm, nn.SyncBatchNorm)):
-            return None
+        if not isinstance(module, (RankBatchNorm, nn.SyncBatchNorm)) or \
+                is_norm_act(module) and not isinstance(module, RankBatchNorm):
+            return None  # timm's SyncBatchNormAct stays: bnlab did not make it
+        if isinstance(module, NormAct):
+            return _carry(module, plain_of(module, **_factory(module)), BN_STATE)
         cls = _reverts_to(module)
         bias = module.bias is not None
         plain = drop_bias(cls(module.num_features, module.eps, module.momentum, module.affine,

@@ -120,7 +120,7 @@ def test_a_bnlab_checkpoint(capsys, tmp_path):
     checkpoint.save(path, {"config": yaml.safe_dump(cfg),
                            "model": build_net(cfg).state_dict()})
     code, r = _json(capsys, "--model", str(path), "--world", "4", "--batch-per-rank", "2")
-    assert r["input"] == "3x32x32" and r["layers"][0]["kind"] == "RankBatchNorm"
+    assert r["input"] == "3x32x32" and r["layers"][0]["kind"] == "syncbn"
     assert {layer["images"] for layer in r["layers"]} == {4}  # the run's sync groups of 2
     assert code == 1
 
