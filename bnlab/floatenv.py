@@ -22,8 +22,9 @@ FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx51
 # Environment variables that choose kernels or thread counts.
 ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "ATEN_", "ONEDNN_", "DNNL_", "GOMP_", "OPENBLAS_",
                 "CUBLAS_", "CUDNN_", "NVIDIA_TF32", "TORCH_ALLOW_TF32", "CUDA_VISIBLE_DEVICES")
-# The keys of a record that must agree for two runs to compute the same floats.
-DECISIVE = ("cpu_capability", "threads", "torch", "kernel_env", "cuda")
+# The keys of a record that must agree for two runs to compute the same floats (cpu_vendor:
+# the record's cpu.vendor; kernels tune themselves to the CPU beyond its instruction set).
+DECISIVE = ("cpu_capability", "cpu_vendor", "threads", "torch", "kernel_env", "cuda")
 # What a caller sets to run on a narrower instruction set than this CPU's (emulation).
 EMULATE = {"AVX2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
            "DEFAULT": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"}}
@@ -87,11 +88,20 @@ def record() -> dict:
             "cuda": cuda()}
 
 
+def vendor_of(floats: dict | None) -> str | None:
+    """The CPU's vendor in a record's floats (GenuineIntel, AuthenticAMD), None where absent."""
+    return ((floats or {}).get("cpu") or {}).get("vendor")
+
+
+def _decisive(floats: dict, key: str):
+    return vendor_of(floats) if key == "cpu_vendor" else floats.get(key)
+
+
 def differences(a: dict | None, b: dict | None) -> list[str]:
     """The DECISIVE keys on which two records differ ("not recorded" where either lacks one)."""
     if not a or not b:
         return ["not recorded"]
-    return [k for k in DECISIVE if a.get(k) != b.get(k)]
+    return [k for k in DECISIVE if _decisive(a, k) != _decisive(b, k)]
 
 
 def same_floats(a: dict | None, b: dict | None) -> bool:
@@ -106,6 +116,16 @@ def capability_of(info: dict) -> str | None:
 def capabilities_of(info: dict) -> list[str | None]:
     """The capability at the run's start and at each resume, in order (None: not recorded)."""
     return [capability_of(info), *[capability_of(r) for r in info.get("resumed", [])]]
+
+
+def can_reproduce(floats: dict | None) -> bool:
+    """Whether this machine can re-run the kernels of a record's floats: a CPU of the same
+    vendor, with the recorded capability or a wider one (emulated). Emulation narrows the
+    instruction set, not the kernels' tuning to the CPU: on an Intel AVX-512 CPU, AVX2 kernels
+    did not reproduce a run made on an AMD AVX2 one (tests/golden/README.md)."""
+    here = record()
+    return vendor_of(floats) == vendor_of(here) and \
+        can_emulate((floats or {}).get("cpu_capability"), here["cpu_capability"])
 
 
 def can_emulate(recorded: str | None, here: str | None = None) -> bool:

@@ -25,11 +25,21 @@ def test_kernel_env_keeps_only_the_variables_that_choose_kernels_or_threads():
 
 def test_differences_name_what_changes_the_floats_and_not_what_does_not():
     a = floatenv.record()
-    b = {**a, "cpu_capability": "AVX512", "cpu": {**a["cpu"], "name": "another name"}}
+    other = "AVX2" if a["cpu_capability"] == "AVX512" else "AVX512"
+    b = {**a, "cpu_capability": other, "cpu": {**a["cpu"], "name": "another name"}}
     assert floatenv.differences(a, b) == ["cpu_capability"]  # the CPU's name alone is not decisive
     c = {**a, "threads": a["threads"] + 1, "kernel_env": {"ATEN_CPU_CAPABILITY": "avx2"}}
     assert floatenv.differences(a, c) == ["threads", "kernel_env"]
     assert floatenv.differences(None, a) == ["not recorded"] and not floatenv.same_floats(a, None)
+    d = {**a, "cpu": {**a["cpu"], "vendor": "another vendor"}}  # same capability, other tuning
+    assert floatenv.differences(a, d) == ["cpu_vendor"]
+
+
+def test_a_run_is_reproducible_here_only_on_a_cpu_of_its_vendor():
+    here = floatenv.record()
+    assert floatenv.can_reproduce(here)
+    assert not floatenv.can_reproduce({**here, "cpu": {**here["cpu"], "vendor": "another"}})
+    assert not floatenv.can_reproduce(None)
 
 
 def test_a_cpu_emulates_narrower_capabilities_only():

@@ -130,6 +130,8 @@ def verify(run: Path, steps: int = 50, as_recorded: bool = False, data: str | No
 
     record = {"commit": (info.get("commit"), now_info.get("commit")),
               "capability": (floatenv.capability_of(info), floatenv.capability_of(now_info)),
+              "cpu": (floatenv.vendor_of(info.get("floats")),
+                      floatenv.vendor_of(now_info.get("floats"))),
               "threads": (threads, (now_info.get("floats") or {}).get("threads")),
               "torch": (info.get("versions", {}).get("torch"),
                         now_info.get("versions", {}).get("torch")),
@@ -149,7 +151,7 @@ def said(run: Path, v: dict) -> str:
         return head[:7] + dash + tail if len(head) == 40 else str(x)
 
     was = [f"{k} {short(a)} -> {short(b)}" for k, (a, b) in
-           ((k, rec[k]) for k in ("commit", "capability", "threads", "torch")) if a != b]
+           ((k, rec[k]) for k in ("commit", "capability", "cpu", "threads", "torch")) if a != b]
     if v["config"]:
         was.append(f"config keys {', '.join(v['config'])}")
     head = (f"bit-identical: the first {v['steps']} steps re-run at {short(git_commit())} on "
@@ -162,6 +164,10 @@ def said(run: Path, v: dict) -> str:
     if not v["identical"] and rec["capability"][0] is None:
         hint = ("\n  its record names no capability (runs before run.json's floats): on a CPU "
                 "with AVX-512, --capability AVX2 re-runs it on AVX2 kernels")
+    elif not v["identical"] and None not in rec["cpu"] and rec["cpu"][0] != rec["cpu"][1]:
+        hint = (f"\n  it was made on a {rec['cpu'][0]} CPU and this one is {rec['cpu'][1]}: "
+                "emulating a capability does not reproduce kernels tuned to another vendor's "
+                "CPU; verify it on one of its vendor")
     return head + ("\n  what differs in the record: " + "; ".join(was) if was else
                    "\n  the record differs in nothing verify reads") + hint
 
