@@ -118,6 +118,24 @@ def capabilities_of(info: dict) -> list[str | None]:
     return [capability_of(info), *[capability_of(r) for r in info.get("resumed", [])]]
 
 
+VENDORS = {"GenuineIntel": "Intel", "AuthenticAMD": "AMD"}
+
+
+def kernels_of(floats: dict | None) -> str | None:
+    """A record's kernels in words: its capability and the CPU's vendor ("AVX512 on Intel"),
+    None where not recorded."""
+    cap, vendor = (floats or {}).get("cpu_capability"), vendor_of(floats)
+    if cap is None:
+        return None
+    return f"{cap} on {VENDORS.get(vendor, vendor)}" if vendor else cap
+
+
+def kernels_all(info: dict) -> list[str | None]:
+    """kernels_of at the run's start and at each resume, in order."""
+    return [kernels_of(f) for f in (info.get("floats"), *[r.get("floats") for r in
+                                                           info.get("resumed", [])])]
+
+
 def can_reproduce(floats: dict | None) -> bool:
     """Whether this machine can re-run the kernels of a record's floats: a CPU of the same
     vendor, with the recorded capability or a wider one (emulated). Emulation narrows the

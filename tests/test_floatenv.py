@@ -53,3 +53,11 @@ def test_capabilities_of_a_run_follow_its_resumes_and_say_none_where_not_recorde
             "resumed": [{"from_step": 8}, {"from_step": 16, "floats": {"cpu_capability": "AVX2"}}]}
     assert floatenv.capabilities_of(info) == ["AVX512", None, "AVX2"]
     assert floatenv.capability_of({"commit": "abc"}) is None
+
+
+def test_kernels_in_words_name_the_capability_and_the_vendor_at_start_and_each_resume():
+    amd = {"cpu_capability": "AVX2", "cpu": {"vendor": "AuthenticAMD"}}
+    info = {"floats": {"cpu_capability": "AVX512", "cpu": {"vendor": "GenuineIntel"}},
+            "resumed": [{"from_step": 8}, {"from_step": 16, "floats": amd}]}
+    assert floatenv.kernels_all(info) == ["AVX512 on Intel", None, "AVX2 on AMD"]
+    assert floatenv.kernels_of({"cpu_capability": "AVX2"}) == "AVX2"  # no vendor recorded

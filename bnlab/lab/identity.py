@@ -70,10 +70,10 @@ def first_difference(want: dict, got: dict) -> tuple[list, tuple | None]:
 
 def check(a: Run, b: Run) -> dict:
     """Two runs of one seed compared at every value both logged: {equal, compared, first,
-    kernels (each side's capabilities at start and resumes)}."""
+    kernels (each side's capability and CPU vendor at start and resumes)}."""
     both, first = first_difference(logged(a.rows), logged(b.rows))
     return {"equal": first is None and bool(both), "compared": len(both), "first": first,
-            "kernels": (floatenv.capabilities_of(a.info), floatenv.capabilities_of(b.info))}
+            "kernels": (floatenv.kernels_all(a.info), floatenv.kernels_all(b.info))}
 
 
 def kernels_said(caps: list[str | None]) -> str:

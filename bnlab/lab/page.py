@@ -132,13 +132,13 @@ def provenance(cells: list[CellResult], tag: str, root: Path = RUNS, budget: int
 
 
 def kernels_line(runs: list) -> str:
-    """How many runs computed on each CPU capability (run.json's floats; a run counts under
-    each capability it started or resumed on)."""
-    on = Counter(c or "not recorded" for r in runs for c in set(floatenv.capabilities_of(r.info)))
+    """How many runs computed on each CPU's kernels (capability and vendor, from run.json's
+    floats; a run counts under each it started or resumed on)."""
+    on = Counter(c or "not recorded" for r in runs for c in set(floatenv.kernels_all(r.info)))
     words = "; ".join(f"{k}: {n} run{'s' * (n != 1)}" + (", made before runs recorded it"
                                                            if k == "not recorded" else "")
                       for k, n in sorted(on.items()))
-    return f"- CPU kernels (`floats.cpu_capability` in run.json): {words}"
+    return f"- CPU kernels (`floats.cpu_capability` and `cpu.vendor` in run.json): {words}"
 
 
 def crossed(cells: list[CellResult]) -> list[str]:
@@ -147,7 +147,7 @@ def crossed(cells: list[CellResult]) -> list[str]:
     by_seed: dict[int, dict[str, list[str]]] = {}
     for c in cells:
         for r in c.runs:
-            for cap in set(floatenv.capabilities_of(r.info)) - {None}:
+            for cap in set(floatenv.kernels_all(r.info)) - {None}:
                 by_seed.setdefault(r.seed, {}).setdefault(cap, []).append(c.cell.label)
     mixed = {s: caps for s, caps in sorted(by_seed.items()) if len(caps) > 1}
     if not mixed:

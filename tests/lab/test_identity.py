@@ -17,10 +17,10 @@ def cfg(norm: str, world: int, b: int, lr: float = 0.1) -> dict:
             "optim": {"lr": lr}, "seed": 0}
 
 
-def run(seed: int, losses: list[float], cap: str | None = None) -> Run:
+def run(seed: int, losses: list[float], cap: str | None = None, vendor: str | None = None) -> Run:
     rows = [{"step": 50 * (i + 1), "train/loss": v, "images_per_s": 100.0 + i}
             for i, v in enumerate(losses)]
-    info = {"floats": {"cpu_capability": cap}} if cap else {}
+    info = {"floats": {"cpu_capability": cap, "cpu": {"vendor": vendor}}} if cap else {}
     return Run(Path(f"/nowhere/{seed}"), "completed", rows, info=info, seed=seed)
 
 
@@ -48,10 +48,13 @@ def test_the_control_says_equal_or_the_first_difference_with_each_sides_kernels(
 
 def test_the_page_counts_runs_by_kernels_and_names_seeds_paired_across_them():
     a = cell("a", cfg("bn", 1, 8), [run(0, [2.4], "AVX2"), run(1, [2.4])])
-    b = cell("b", cfg("bn", 4, 2), [run(0, [2.4], "AVX512"), run(1, [2.4], "AVX512")])
+    b = cell("b", cfg("bn", 4, 2), [run(0, [2.4], "AVX512", "GenuineIntel"),
+                                    run(1, [2.4], "AVX512", "AuthenticAMD")])
     runs = [r for c in (a, b) for r in c.runs]
-    assert page.kernels_line(runs) == ("- CPU kernels (`floats.cpu_capability` in run.json): "
-                                       "AVX2: 1 run; AVX512: 2 runs; not recorded: 1 run, made "
-                                       "before runs recorded it")
+    assert page.kernels_line(runs) == (
+        "- CPU kernels (`floats.cpu_capability` and `cpu.vendor` in run.json): AVX2: 1 run; "
+        "AVX512 on AMD: 1 run; AVX512 on Intel: 1 run; not recorded: 1 run, made before runs "
+        "recorded it")
     (line,) = page.crossed([a, b])
-    assert "seed 0: AVX2 in 1 cell(s), AVX512 in 1 cell(s)" in line and "seed 1" not in line
+    assert "seed 0: AVX2 in 1 cell(s), AVX512 on Intel in 1 cell(s)" in line
+    assert "seed 1: AVX512 on AMD in 1 cell(s), not" not in line  # not recorded: not crossed
