@@ -211,10 +211,11 @@ def _check_dist(cfg: dict, here: bool) -> None:
 
 
 def _check_precision(cfg: dict, here: bool) -> None:
-    """precision and channels_last; fp16 needs CUDA (`here`: on the machine that trains)."""
+    """precision, channels_last and compile; fp16 needs CUDA (`here`: where it trains)."""
     _choice(cfg, "precision", tuple(PRECISIONS))
-    v = cfg.get("channels_last", False)
-    _need(isinstance(v, bool), "channels_last", "true or false", v)
+    for key in ("channels_last", "compile"):
+        v = cfg.get(key, False)
+        _need(isinstance(v, bool), key, "true or false", v)
     d = cfg["dist"]["device"]
     cpu = d == "cpu" or (here and d == "auto" and not torch.cuda.is_available())
     if cfg["precision"] == "fp16" and cpu:

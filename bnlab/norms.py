@@ -28,6 +28,7 @@ defined there.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Callable, Iterable
 
@@ -154,13 +155,13 @@ def _groups(bn, name: str, groups: int, cap_groups: bool) -> int:
     c = bn.num_features
     g = min(groups, c) if cap_groups else groups
     if c % g:
-        fix = "set norm.cap_groups=true (min(groups, channels) per layer) or choose" \
-            if c < groups else "choose"
+        fix = "set cap_groups=True (the trainer: norm.cap_groups=true; min(groups, channels) " \
+            "per layer) or choose" if c < groups else "choose"
         best = max(d for d in range(1, g + 1) if c % d == 0)
         raise BnlabError(
-            f"norm.groups={groups} does not divide the {c} channels of layer '{name}'; "
+            f"groups={groups} does not divide the {c} channels of layer '{name}'; "
             f"{fix} a group count that divides every layer's channels (here at most {best}; "
-            "python -m bnlab doctor names one for the whole model)."
+            "bnlab doctor names one for the whole model)."
         )
     return g
 
@@ -280,13 +281,18 @@ def convert(model: nn.Module, kind: str, *, skip: Iterable[str] = (), **opts) ->
     """
     _refuse_ddp(model, "convert")
     if kind not in NORMS:
-        raise BnlabError(f"norm.kind='{kind}' is unknown; choose one of {sorted(NORMS)}.")
+        raise BnlabError(f"kind='{kind}' is unknown; choose one of {sorted(NORMS)}.")
     skip = set(skip)
     names = {n for n, _ in model.named_modules()}
     if skip - names:
         raise BnlabError(f"skip names {sorted(skip - names)}, which the model does not have; "
                          f"name layers as model.named_modules() does.")
     make = NORMS[kind]
+    takes = [p for p in inspect.signature(make).parameters if p not in ("bn", "name")]
+    if set(opts) - set(takes):
+        raise BnlabError(f"convert(model, '{kind}') takes no option "
+                         f"{', '.join(sorted(set(opts) - set(takes)))}; its options are "
+                         f"{', '.join(takes)}.")
     # gnws: the convolutions whose outputs the converted layers normalize, standardized
     ws = set(feeding_convs(model, {n for n, m in model.named_modules()
                                    if isinstance(m, _BatchNorm) and n not in skip}).values()) \
@@ -301,16 +307,13 @@ def convert(model: nn.Module, kind: str, *, skip: Iterable[str] = (), **opts) ->
             return module
         if not is_norm_act(module):
             _refuse_unknown(module, name)
-        try:
-            layer = make(module, name, **opts)
-        except TypeError as e:
-            raise BnlabError(f"norm={kind} got an option it does not take ({e}).") from None
+        layer = make(module, name, **opts)
         return with_act(layer, module) if is_norm_act(module) else layer
 
     out = _swap(model, pick)
     if kind == "evonorm" and opts.get("placement", "each_bn") != "each_bn":
         if opts["placement"] not in PLACEMENTS:
-            raise BnlabError(f"norm.placement='{opts['placement']}' is unknown; choose one of "
+            raise BnlabError(f"placement='{opts['placement']}' is unknown; choose one of "
                              f"{', '.join(PLACEMENTS)}.")
         place_norm_act(out)
     return out

@@ -63,7 +63,8 @@ ADDED_LATER = {"on_nan": "stop", "data.rank_skew": False, "record.predictions": 
                "record.decompose_batch": True, "optim.scale_from": 0,
                "precision": "fp32", "channels_last": False, "optim.decay_norms": True,
                "model.zero_init_residual": False, "norm.placement": "each_bn",
-               "precise_bn.before_eval": False, "norm.ramp_of_run": None}
+               "precise_bn.before_eval": False, "norm.ramp_of_run": None,
+               "compile": False}
 
 
 # Keys that change nothing a run logs (the start-of-run warning's threshold, the doctor's:

@@ -98,7 +98,10 @@ def train_step(model: nn.Module, micro: list, opt: torch.optim.Optimizer, meter:
 
 
 def wrap(model: nn.Module, cfg: dict, env: dist.DistEnv) -> nn.Module:
-    """DDP for real ranks, SimulatedDDP for `dist.simulate` ranks in this process, or as is."""
+    """DDP for real ranks, SimulatedDDP for `dist.simulate` ranks in this process, or as is;
+    with `compile`, the bare model compiled in place first (its state-dict keys unchanged)."""
+    if cfg.get("compile"):
+        model.compile()
     sync_buffers = cfg["dist"]["broadcast_buffers"]
     if cfg["dist"]["simulate"] > 1:
         return SimulatedDDP(model, cfg["dist"]["simulate"], sync_buffers)

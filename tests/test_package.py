@@ -41,7 +41,7 @@ def installed(tmp_path_factory):
     (wheel,) = (tmp / "dist").glob("bnlab-*.whl")
     project = tmp / "project"  # the lock alone, so uv installs bnlab's dependencies, not bnlab
     project.mkdir()
-    for f in ("pyproject.toml", "uv.lock"):
+    for f in ("pyproject.toml", "uv.lock", "LICENSE"):
         shutil.copy(ROOT / f, project / f)
     venv = tmp / "venv"
     p = _run([UV, "sync", "--frozen", "--offline", "--no-install-project", "--no-dev", "-q"],
@@ -69,6 +69,14 @@ def test_the_installed_doctor_prints_the_checkouts_fix_lines(installed, tmp_path
     assert _fixes(there.stdout) == _fixes(here.stdout) and len(_fixes(here.stdout)) >= 3
     assert "not been measured yet" not in there.stdout  # what bnlab measured travelled with it
     assert "table-recover at 4 ranks x 2 on" in there.stdout
+
+
+def test_the_wheel_carries_its_license(installed, tmp_path):
+    code = ("import importlib.metadata as m; d = m.distribution('bnlab'); "
+            "print(d.metadata['License-Expression']); "
+            "print(any(str(f).endswith('licenses/LICENSE') for f in d.files))")
+    p = _run([str(installed / "python"), "-c", code], tmp_path)
+    assert p.returncode == 0 and p.stdout.split() == ["MIT", "True"], p.stderr[-500:]
 
 
 def test_bnlab_is_a_command_with_its_tools(installed, tmp_path):
