@@ -273,7 +273,7 @@ def build(table: Table, ctx: Context) -> Any:
     data = table.load(ctx)
     ctx.out.mkdir(parents=True, exist_ok=True)
     written = [ctx.out / "table.md"]
-    written[0].write_text(table.render(data))
+    written[0].write_text(table.render(data) + verdict_section(table.verdicts(data)))
     if table.plot is not None:
         written.append(ctx.out / f"{table.name}.png")
         table.plot(data, written[-1])
@@ -281,6 +281,16 @@ def build(table: Table, ctx: Context) -> Any:
         table.also(data, ctx.out)
     print("wrote " + " and ".join(map(str, written)))
     return data
+
+
+def verdict_section(verdicts: list[Verdict]) -> str:
+    """The page's claims, each with its verdict and what was measured for it: every number
+    the README and experiments/README.md quote from a verdict is on the page they link."""
+    if not verdicts:
+        return ""
+    return "\n".join(["", "## The claims this page rules on", "",
+                      *[f"- {v.claim} ({v.claimed}): **{v.verdict}**. {v.ours}" for v in
+                        verdicts], ""])
 
 
 def bench_section(section: str, folder: Path = BENCH_RESULTS) -> dict[str, dict]:

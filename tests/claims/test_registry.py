@@ -155,3 +155,32 @@ def test_no_placeholder_survives_in_a_page_or_a_rule():
     found = [f"{f.relative_to(ROOT)}: {s}" for f in pages for s in stand_ins
              if s in f.read_text()]
     assert found == []
+
+
+_MEASURED = re.compile(r"(?<![\w.])[-+]?\d+\.\d+|\d+(?=%)")  # decimals and percentages
+_LINK = re.compile(r"\]\(([^)#\s]+\.md)(?:#[^)]*)?\)")
+
+
+def _cited_on(number: str, page: str) -> bool:
+    """`number` (as the README prints it) is on `page`, as printed or rounded from a number
+    with more decimals there (0.0016 from 0.0015625)."""
+    digits = len(number.partition(".")[2])
+    want = float(number)
+    return any(round(float(x), digits) == want for x in _MEASURED.findall(page))
+
+
+def test_every_number_a_readme_line_cites_is_on_the_page_it_links():
+    """A measured number (a decimal or a percentage) in a README line that links a table page
+    appears on that page, so the reader who follows the link finds it."""
+    missing = []
+    for doc in (ROOT / "README.md", EXPERIMENTS / "README.md"):
+        for i, line in enumerate(doc.read_text().splitlines(), 1):
+            pages = [doc.parent / p for p in _LINK.findall(line)]
+            pages = [p for p in pages if p.is_file() and p.name == "table.md"]
+            if not pages:
+                continue
+            text = "\n".join(p.read_text() for p in pages)
+            words = _LINK.sub("]", line)
+            missing += [f"{doc.relative_to(ROOT)}:{i}: {n}" for n in _MEASURED.findall(words)
+                        if not _cited_on(n, text)]
+    assert missing == []
