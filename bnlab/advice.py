@@ -45,6 +45,21 @@ def said(entry: dict) -> str:
             f"{f' ({ci})' if ci else ''}: {entry['state']}")
 
 
+def verdict(entry: dict) -> str:
+    """`said` in a few words, for a fix line's one sentence: 'gets back 69% of BN's loss,
+    partly', 'ends 6.0 points below BN, no better'."""
+    if entry.get("identical"):
+        return f"gets back all of BN's loss, {entry['state']}"
+    if entry.get("share") is None:
+        return entry["state"]
+    if entry["share"] < 0:
+        return f"ends {-entry['gain']:.1f} points below BN, {entry['state']}"
+    return f"gets back {100 * entry['share']:.0f}% of BN's loss, {entry['state']}"
+
+
+EVIDENCE = "\n    "  # a fix line's evidence: each on an indented line under it
+
+
 def _json(path) -> dict | None:
     try:
         got = json.loads(path.read_text())
@@ -118,33 +133,37 @@ def short(entry: dict) -> str:
 
 
 def elsewhere(others: list[dict], differs, line) -> str:
-    """'; on resnet20 (128 values) it differs: ...' for each other input where `differs`."""
-    return "".join(f"; on {short(o)} it differs: {line(o)}" for o in others if differs(o))
+    """An evidence line 'on resnet20 (128 values) it differs: ...' for each other input where
+    `differs`."""
+    return "".join(f"{EVIDENCE}on {short(o)} it differs: {line(o)}" for o in others
+                   if differs(o))
 
 
 def measured(fix: str, values: int | None = None) -> str:
-    """What table-recover measured for `fix` at 4 ranks x 2 on the input nearest `values`,
-    for the doctor's line on it: '; table-recover at 4 ranks x 2 on ... : GroupNorm (gn) ...',
-    with any other input whose state for it differs; empty while no input measured it."""
+    """What table-recover measured for `fix` at 4 ranks x 2 on the input nearest `values`, for
+    the doctor's line on it: ': gets back 69% of BN's loss, partly, on resnet20 (128
+    values)', then the evidence, each on an indented line (table-recover at that input, any
+    other input whose state for it differs, the longer runs); empty while none measured it."""
     entries = [e for e in read() if fix in e.get("fixes", {})]
     if not entries:
         return ""
     here, others = nearest(entries, values)
     state = here["fixes"][fix]["state"]
-    return (f"; table-recover at {cited(here, values)}: {said(here['fixes'][fix])}"
+    return (f": {verdict(here['fixes'][fix])}, on {short(here)}"
+            f"{EVIDENCE}table-recover at {cited(here, values)}: {said(here['fixes'][fix])}"
             + elsewhere(others, lambda o: o["fixes"][fix]["state"] != state,
                         lambda o: said(o["fixes"][fix])) + lengthwise(fix, entries))
 
 
 def lengthwise(fix: str, entries: list[dict]) -> str:
-    """'; on resnet20 trained 40 epochs it differs: ...' where the longer runs give `fix`
-    another state than table-recover did on the same input; empty otherwise."""
+    """An evidence line 'on resnet20 trained 40 epochs it differs: ...' where the longer runs
+    give `fix` another state than table-recover did on the same input; empty otherwise."""
     long, ten = lengths(entries)
     if ten is None or fix not in long["fixes"] or fix not in ten["fixes"] or \
             long["fixes"][fix]["state"] == ten["fixes"][fix]["state"]:
         return ""
-    return (f"; {at_length(long)}, not 10 (where it was {ten['fixes'][fix]['state']}), it "
-            f"differs: {said(long['fixes'][fix])}")
+    return (f"{EVIDENCE}{at_length(long)}, not 10 (where it was "
+            f"{ten['fixes'][fix]['state']}), it differs: {said(long['fixes'][fix])}")
 
 
 def groups(fix: str, values: int | None = None) -> int | None:
@@ -160,13 +179,24 @@ def _free_line(entry: dict) -> str:
             if free["state"] == "no better" else said(free))
 
 
+def _free_head(entry: dict) -> str:
+    """'GroupNorm + Weight Standardization (gnws) gets back 69% of BN's loss, partly', or
+    'none did better than BN'."""
+    free = entry["best_free"]
+    if free["state"] == "no better":
+        return "none did better than BN"
+    name = free["fix"] if free.get("name") is None else f"{free['name']} ({free['fix']})"
+    return f"{name} {verdict(free)}"
+
+
 def without_communication(options: str = "the lines below are options",
                           values: int | None = None) -> str:
     """The doctor's line on fixes with no per-step communication (PreciseBN's all-reduce comes
     once per recalibration): the best one table-recover measured at 4 ranks x 2 on the input
-    nearest `values` (or that none did better than BN there, and the closest), citing it and
-    any input that ranks them differently; or that it has not been measured yet, and where the
-    options are (`options`: the doctor's lines below them; bnlab.diagnose names the doctor)."""
+    nearest `values` (or that none did better than BN there), in one sentence, then the
+    evidence on indented lines (that input, any input that ranks them differently, the longer
+    runs, the table); or that it has not been measured yet, and where the options are
+    (`options`: the doctor's lines below them; bnlab.diagnose names the doctor)."""
     entries = [e for e in read() if e.get("best_free")]
     if not entries:
         return ("without per-step communication: which fix recovers most at the break has not "
@@ -177,8 +207,10 @@ def without_communication(options: str = "the lines below are options",
         return (o["best_free"]["fix"], o["best_free"]["state"] == "no better") != \
             (here["best_free"]["fix"], here["best_free"]["state"] == "no better")
 
-    return (f"without per-step communication, at {cited(here, values)}: {_free_line(here)}"
-            + elsewhere(others, differs, _free_line) + free_lengthwise(entries) + f" ({TABLE})")
+    return (f"without per-step communication: {_free_head(here)}, on {short(here)}"
+            f"{EVIDENCE}table-recover at {cited(here, values)}: {_free_line(here)}"
+            + elsewhere(others, differs, _free_line) + free_lengthwise(entries)
+            + f"{EVIDENCE}({TABLE})")
 
 
 def free_lengthwise(entries: list[dict]) -> str:
@@ -196,7 +228,7 @@ def free_lengthwise(entries: list[dict]) -> str:
     if (best["ten"]["fix"], best["ten"]["state"] == "no better") == \
             (best["long"]["fix"], best["long"]["state"] == "no better"):
         return ""
-    return (f"; {at_length(long)}, not 10, the best of the fixes it trained without "
+    return (f"{EVIDENCE}{at_length(long)}, not 10, the best of the fixes it trained without "
             f"communication ({', '.join(free)}) differs: "
             f"{_free_line({'best_free': best['long']})}")
 

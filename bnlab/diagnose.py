@@ -104,8 +104,9 @@ class Diagnosis:
             lines.append(f"Structural risk: {len(self.at_risk)} of {len(self.layers)} BN layers "
                          f"are at risk at {self.batch_per_rank} samples per rank (the doctor's "
                          "rule): share statistics across ranks, bnlab.convert(model, 'syncbn', "
-                         "sync_group=k) with k ranks reaching 8 samples (bnlab doctor names "
-                         f"k); or, {without_communication(DOCTOR_LISTS, self.values)}")
+                         "sync_group=k), k ranks reaching 8 samples (bnlab doctor names k).")
+            free = without_communication(DOCTOR_LISTS, self.values)
+            lines.append(f"Or, {free}")
         elif self.batch_per_rank is not None:
             lines.append(f"No layer is at risk at {self.batch_per_rank} samples per rank.")
         spread = max(self.ranks.values(), default=0.0)

@@ -55,10 +55,13 @@ def preflight(cfg: dict, run_dir: Path) -> tuple[dict[str, int], bool]:
     layers = doctor.measure(model, (3, side, side), world, batch, None, 0, least,
                             doctor.MIN_IMAGES)
     counts = {layer.name: layer.normalized_over for layer in layers if layer.batch_dependent}
-    if any(layer.at_risk for layer in layers):
-        tips = doctor.recommend(layers, world, batch, least, doctor.MIN_IMAGES)
-        dist.print0(f"bnlab: warning: {doctor.risk_line(layers, least, doctor.MIN_IMAGES)} "
-                    f"Fixes: {'; '.join(tips)}.", file=sys.stderr)
+    if any(layer.at_risk for layer in layers):  # two lines: the risk, then where the fixes are
+        dist.print0(f"bnlab: warning: {doctor.risk_line(layers, least, doctor.MIN_IMAGES)}\n"
+                    f"  the fixes, with their evidence: bnlab doctor --model "
+                    f"bnlab:{cfg['model']['name']} --input 3x{side}x{side} --world {world} "
+                    f"--batch-per-rank {batch}"
+                    + (f" --min-values {least}" if least != doctor.MIN_VALUES else ""),
+                    file=sys.stderr)
     worst = min(counts, key=counts.get, default=None)
     if worst is not None and counts[worst] <= 1:
         raise BnlabError(

@@ -52,3 +52,16 @@ def test_every_case_script_is_tested_and_in_the_docs_table():
     table = (ROOT / "docs" / "library.md").read_text()
     for name in scripts:
         assert f"examples/cases/{name}" in table
+
+
+def test_a_case_whose_comparison_needs_a_missing_package_says_so_in_one_line(tmp_path):
+    """precise_bn_per_rank.py without fvcore: one line naming the package, exit status 2, no
+    traceback."""
+    case = ROOT / "examples" / "cases" / "precise_bn_per_rank.py"
+    code = ("import runpy, sys; sys.modules['fvcore'] = None; "  # import fvcore then fails
+            f"sys.path.insert(0, {str(case.parent)!r}); "
+            f"runpy.run_path({str(case)!r}, run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "needs fvcore; install it" in r.stderr, r.stderr

@@ -195,10 +195,13 @@ def test_the_verdicts_first_line_follows_the_measured_cost_as_the_exit_status_do
 
     at_risk = [LayerGap("bn1", 0.1, 0.2, True)]
     low = Diagnosis(70.0, {"train": 70.79}, None, 2, 64, at_risk)
-    first, second = low.verdict().splitlines()
+    first, second, third, *evidence = low.verdict().splitlines()
     assert first.startswith("BN's statistics are not the problem here: PreciseBN changes")
     assert "+0.79 points (threshold 1)" in first
     assert second.startswith("Structural risk: 1 of 1 BN layers are at risk at 2 samples")
+    assert third.startswith("Or, without per-step communication")  # then its evidence, indented
+    assert all(line.startswith("    ") for line in evidence)
+    assert max(len(line.split()) for line in (first, second, third)) <= 40
     high = Diagnosis(70.0, {"train": 72.5}, None, 2, 64, at_risk)
     assert high.verdict().startswith("BN's statistics are a problem here: the running "
                                      "statistics cost 2.50 points")

@@ -11,7 +11,7 @@ import yaml
 from bnlab import checkpoint
 from bnlab.__main__ import main
 from bnlab.net import build_net
-from conftest import ROOT
+from conftest import ROOT, run_here
 
 
 def _doctor(capsys, *args: str) -> tuple[int, str, str]:
@@ -218,8 +218,9 @@ def test_the_fix_line_names_the_smallest_group_of_8_samples_and_cites_table_reco
     _, r = _json(capsys, "--model", "torchvision:resnet18", "--input", "3x32x32",
                  "--world", "4", "--batch-per-rank", "2")
     assert r["recommendations"][1] == (
-        "without per-step communication, at 4 ranks x 2 on resnet20 (CIFAR-10): GroupNorm (gn) "
-        "gets back 55% of BN's loss (95% CI 40 to 70): partly (make table-recover: "
+        "without per-step communication: GroupNorm (gn) gets back 55% of BN's loss, partly, on "
+        "resnet20\n    table-recover at 4 ranks x 2 on resnet20 (CIFAR-10): GroupNorm (gn) gets "
+        "back 55% of BN's loss (95% CI 40 to 70): partly\n    (make table-recover: "
         "experiments/recover/table.md in bnlab's repository)")
     assert r["recommendations"][2].endswith("is their common divisor)")  # gn not in `fixes`
     (tmp_path / "advice.json").write_text(json.dumps({
@@ -230,14 +231,16 @@ def test_the_fix_line_names_the_smallest_group_of_8_samples_and_cites_table_reco
                          "share": -0.45, "lo": -0.6, "hi": -0.3}}}))
     _, r = _json(capsys, "--model", "torchvision:resnet18", "--input", "3x32x32",
                  "--world", "4", "--batch-per-rank", "2")
-    assert r["recommendations"][1].endswith(  # the best is no better: the line says so
+    assert r["recommendations"][1].startswith(  # the best is no better: the line says so
+        "without per-step communication: none did better than BN, on resnet20\n")
+    assert r["recommendations"][1].endswith(
         "(CIFAR-10): none did better than BN; the closest, precise gets back 16% of BN's loss "
-        "(95% CI 5 to 27): no better (make table-recover: experiments/recover/table.md in "
+        "(95% CI 5 to 27): no better\n    (make table-recover: experiments/recover/table.md in "
         "bnlab's repository)")
     assert r["recommendations"][2].endswith(  # the gn line says what the table found for gn
-        "is their common divisor); table-recover at 4 ranks x 2 on resnet20 (CIFAR-10): "
-        "GroupNorm (gn) ends 4.1 points below BN (share of BN's loss recovered -45%, 95% CI "
-        "-60 to -30): no better")
+        "is their common divisor): ends 4.1 points below BN, no better, on resnet20\n    "
+        "table-recover at 4 ranks x 2 on resnet20 (CIFAR-10): GroupNorm (gn) ends 4.1 points "
+        "below BN (share of BN's loss recovered -45%, 95% CI -60 to -30): no better")
 
 
 def _two_inputs(path) -> None:
@@ -272,10 +275,12 @@ def test_the_fix_lines_cite_the_measured_input_nearest_in_values_per_channel(
                  "--world", "4", "--batch-per-rank", "2")
     free, gn = r["recommendations"][1], r["recommendations"][2]
     assert free.startswith(
-        "without per-step communication, at 4 ranks x 2 on torchvision resnet18 at 32 px "
-        "(CIFAR-10; 2 values per channel per rank at its smallest BN layer, the measured input "
-        "nearest to this model's 2): GroupNorm (gn) gets back 105% of BN's loss")
-    assert "; on resnet20 (128 values) it differs: none did better than BN" in free
+        "without per-step communication: GroupNorm (gn) gets back 105% of BN's loss, recovers, "
+        "on torchvision resnet18 at 32 px (2 values)\n    table-recover at 4 ranks x 2 on "
+        "torchvision resnet18 at 32 px (CIFAR-10; 2 values per channel per rank at its smallest "
+        "BN layer, the measured input nearest to this model's 2): GroupNorm (gn) gets back 105% "
+        "of BN's loss")
+    assert "\n    on resnet20 (128 values) it differs: none did better than BN" in free
     assert "table-recover at 4 ranks x 2 on torchvision resnet18 at 32 px" in gn
     assert gn.split("table-recover at ", 1)[1].count("recovers") == 1
     assert "on resnet20 (128 values) it differs: GroupNorm (gn) ends 4.6 points below BN" in gn
@@ -283,9 +288,10 @@ def test_the_fix_lines_cite_the_measured_input_nearest_in_values_per_channel(
                  "--world", "8", "--batch-per-rank", "2")
     free = r["recommendations"][1]
     assert free.startswith(
-        "without per-step communication, at 4 ranks x 2 on resnet20 (CIFAR-10; 128 values per "
-        "channel per rank at its smallest BN layer, the measured input nearest to this model's "
-        "98): none did better than BN")
+        "without per-step communication: none did better than BN, on resnet20 (128 values)\n"
+        "    table-recover at 4 ranks x 2 on resnet20 (CIFAR-10; 128 values per channel per "
+        "rank at its smallest BN layer, the measured input nearest to this model's 98): none "
+        "did better than BN")
     assert "on torchvision resnet18 at 32 px (2 values) it differs: GroupNorm (gn)" in free
 
 
@@ -306,12 +312,12 @@ def test_the_fix_lines_say_where_the_longer_runs_rank_a_fix_otherwise(
     _, r = _json(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
                  "--world", "8", "--batch-per-rank", "2")
     free, line = r["recommendations"][1], r["recommendations"][2]
-    assert ("; on resnet20 trained 40 epochs, not 10, the best of the fixes it trained without "
-            "communication (gn) differs: GroupNorm (gn) gets back 40% of BN's loss (95% CI 20 to "
-            "60): partly (make table-recover") in free
-    assert line.endswith("; on resnet20 trained 40 epochs, not 10 (where it was no better), it "
-                         "differs: GroupNorm (gn) gets back 40% of BN's loss (95% CI 20 to 60): "
-                         "partly")
+    assert ("\n    on resnet20 trained 40 epochs, not 10, the best of the fixes it trained "
+            "without communication (gn) differs: GroupNorm (gn) gets back 40% of BN's loss (95% "
+            "CI 20 to 60): partly\n    (make table-recover") in free
+    assert line.endswith("\n    on resnet20 trained 40 epochs, not 10 (where it was no better), "
+                         "it differs: GroupNorm (gn) gets back 40% of BN's loss (95% CI 20 to "
+                         "60): partly")
     (tmp_path / "converge.json").write_text(json.dumps({
         "input": "resnet20", "epochs": 40, "fixes": {"gn": {**gn, "state": "no better"}}}))
     _, r = _json(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
@@ -383,3 +389,28 @@ def test_outside_what_bnlab_measured_the_doctor_says_extrapolated_and_shows_the_
     _, r = _json(capsys, "--model", "bnlab:resnet20", "--input", "3x32x32", "--world", "4",
                  "--batch-per-rank", "2")
     assert r["notes"] == []  # measured there; no published row for CIFAR-10 at 4 x 2
+
+
+def test_each_fix_line_is_one_sentence_of_40_words_with_its_evidence_indented(capsys):
+    """The README's own example: every fix is one line of at most 40 words; what it rests on
+    (the table, the input, the interval; published numbers) sits on indented lines under it."""
+    _, out, _ = _doctor(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
+                        "--world", "8", "--batch-per-rank", "2")
+    fixes = out.split("Fixes:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    heads = [line for line in fixes if line.startswith("- ")]
+    assert len(heads) == 4 and all(len(h.split()) <= 40 for h in heads), heads
+    assert all(line.startswith(("- ", "  ")) for line in fixes)
+    assert any("table-recover at" in line for line in fixes if line.startswith("    "))
+
+
+def test_the_start_of_run_warning_is_two_lines_that_name_the_doctor(tmp_path):
+    r = run_here("train.py", "model=resnet20", "data=synthetic", "data.num_train=32",
+                 "data.num_val=16", "epochs=1", "max_steps=1", "batch_per_gpu=2",
+                 "dist.simulate=4", "progress=false", "checkpoint=false",
+                 f"output_dir={tmp_path}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stderr.split("bnlab: warning: ", 1)[1].splitlines()
+    assert lines[0].startswith("21 of 21 batch-statistics layers are at risk")
+    assert lines[1] == ("  the fixes, with their evidence: bnlab doctor --model bnlab:resnet20 "
+                        "--input 3x32x32 --world 4 --batch-per-rank 2")
+    assert not lines[2:] or not lines[2].startswith("  ")
