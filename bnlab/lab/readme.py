@@ -130,12 +130,14 @@ def write_json(path: Path, verdicts: list[Verdict], status: str,
 
 
 # the words the findings use, defined before the first of them
-TERMS = ("Terms: 4 x 2: 4 ranks (GPUs) of 2 images each. Input: a model at an image size. "
-         "Plateau: the second half of training. Jitter: how far val accuracy moves between "
-         "evaluations, trend removed (points); steady: near the test set's noise floor. Values "
-         "per channel: what a BN layer averages per channel on one rank. Share of BN's loss: "
-         f"what a fix wins back of it. Default rate: {default_rate():g} at 4 x 2. WS: Weight "
-         "Standardization. †: a rule written after its data were seen.")
+TERMS = ("Terms: 4 x 2: 4 ranks (GPUs) of 2 images each (`batch_per_gpu=2`). Input: a model at "
+         "an image size. Plateau: training's second half. Jitter: val accuracy's moves between "
+         "evaluations, trend removed (von Neumann sd, points); steady: at most 1.5x the test "
+         "set's churn floor. Swing: half the plateau's range. Values per channel: what a BN "
+         "layer averages per channel on one rank. Share of BN's loss against 1 x 8: what a fix "
+         "wins back (recovers, partly, no better, unclear). Pilot: held-out runs choosing a "
+         f"setting. Default rate: {default_rate():g} at 4 x 2. WS: Weight Standardization. †: "
+         "a rule written after its data.")
 
 
 def write_headline(path: Path, figures: list[str], verdicts: list[Verdict], status: str,

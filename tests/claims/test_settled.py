@@ -286,8 +286,9 @@ def test_the_readme_line_on_why_bn_jitters_carries_each_part_s_outcome(tmp_path)
     assert (marks["P1"], marks["P2"], marks["P3"]) == ("agrees", "agrees", "agrees")
     line = lr.finding(d)[1].text  # the README's sentence: P1's ratio with its interval
     assert line.startswith("Why BN jitters: on the model at lr 0.0031 (1/2 of the default), "
-                           "BN's running statistics cause ") and \
-        f"{marks['ratio'][0.003125]:.2f}x the jitter SyncBN's do (95% CI " in line and \
+                           "BN's running statistics add ") and \
+        f"{marks['ratio'][0.003125]:.2f}x SyncBN's jitter variance (points²; 95% CI " \
+        in line and \
         line.endswith("as predicted (2x or more)."), line
     # bn no noisier than syncbn at the low rate, and syncbn's part shrinking: all three fail
     d = lr_data(tmp_path / "no", {("syncbn", 0.003125): 1.0, ("bn", 0.003125): 1.0,

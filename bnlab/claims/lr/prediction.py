@@ -132,7 +132,8 @@ def why(d: RunsData, ruled: float | None = None) -> Finding:
         f"not the {P1:g}x or more predicted"
     return Finding(
         f"Why BN jitters: on {page.model(d.cells)} at {page.rate(low)}, BN's running "
-        f"statistics cause {ratio[low]:.2f}x the jitter SyncBN's do ({interval(d, low)}), {met}"
+        f"statistics add {ratio[low]:.2f}x SyncBN's jitter variance (points²; "
+        f"{interval(d, low)}), {met}"
         f"{later}.", "lr",
         rules.mark(RULES) if added else "", rank=5)
 
