@@ -288,10 +288,12 @@ def risk_line(layers: list[Layer], min_values: int, min_images: int) -> str:
     risky = [layer for layer in layers if layer.at_risk]
     worst = min(layer.normalized_over for layer in risky)
     fewest = min(layer.images for layer in risky)
+    by_samples = sum(layer.images < min_images for layer in risky)
+    by_values = sum(layer.normalized_over < min_values for layer in risky)
     fatal = " At 1 value BN cannot train at all." if worst <= 1 else ""
-    return (f"{len(risky)} of {len(bns)} batch-statistics layers are at risk: fewest samples "
-            f"{fewest} (threshold {min_images}), fewest values per channel {worst} (threshold "
-            f"{min_values}).{fatal}")
+    return (f"{len(risky)} of {len(bns)} batch-statistics layers are at risk: {by_samples} by "
+            f"samples (fewest {fewest}, threshold {min_images}), {by_values} by values per "
+            f"channel (fewest {worst}, threshold {min_values}).{fatal}")
 
 
 def render(setting: dict, layers: list[Layer], risky: list[Layer], tips: list[str]) -> str:

@@ -51,7 +51,8 @@ def test_bnlab_resnet18_at_4_by_2_table(capsys):
     assert code == 1
     assert "| layer4.1.bn2 | BatchNorm2d | 512 | 2 | 2 | 2 | yes |" in out  # 1x1 maps
     assert "| bn1 | BatchNorm2d | 64 | 512 | 2 | 512 | yes |" in out
-    assert "20 of 20 batch-statistics layers are at risk" in out
+    assert ("20 of 20 batch-statistics layers are at risk: 20 by samples (fewest 2, threshold "
+            "8), 10 by values per channel (fewest 2, threshold 16).") in out  # the 1x1 and 2x2
     code, out, _ = _doctor(capsys, "--model", "bnlab:resnet18", "--world", "4",
                            "--batch-per-rank", "16")
     assert code == 0 and "| layer3.0.bn1 | BatchNorm2d | 256 | 64 | 16 | 64 |  |" in out
