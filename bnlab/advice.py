@@ -23,6 +23,7 @@ TABLE = "make table-recover: experiments/recover/table.md in bnlab's repository"
 # no per-step communication (PreciseBN all-reduces once per recalibration), as table-recover
 FREE = ("gn", "gnws", "ln", "evonorm", "brn", "precise", "frozen_bn")
 FAR = 2.0  # log2: an input with over 4x more (or fewer) values per channel is said to be far
+TIE = 0.5  # log2: two inputs whose distances to the model differ by less are about as near
 
 
 def said(entry: dict) -> str:
@@ -104,16 +105,24 @@ def nearest(entries: list[dict], values: int | None) -> tuple[dict, list[dict]]:
     """The entry whose values per channel at the break are nearest to `values` (on a log
     scale: 2 is as far from 8 as 8 from 32), and the others; the first input where `values`
     or an entry's own is unknown."""
-    def distance(e: dict) -> float:
-        if not values or not e.get("values"):
-            return math.inf
-        return abs(math.log2(values) - math.log2(e["values"]))
-
-    best = min(entries, key=distance) if values else entries[0]
+    best = min(entries, key=lambda e: _distance(e, values)) if values else entries[0]
     return best, [e for e in entries if e is not best]
 
 
-def cited(entry: dict, values: int | None) -> str:
+def _distance(e: dict, values: int | None) -> float:
+    if not values or not e.get("values"):
+        return math.inf
+    return abs(math.log2(values) - math.log2(e["values"]))
+
+
+def as_near(others: list[dict], here: dict, values: int | None) -> list[dict]:
+    """The inputs among `others` about as near `values` as `here` (within TIE on the log
+    scale): a line cites them beside it rather than picking one by list order."""
+    d = _distance(here, values)
+    return [o for o in others if math.isfinite(d) and abs(_distance(o, values) - d) < TIE]
+
+
+def cited(entry: dict, values: int | None, tie: bool = False) -> str:
     """'4 ranks x 2 on resnet20 (CIFAR-10; 128 values per channel per rank at its smallest BN
     layer, the measured input nearest to this model's 98)'."""
     if not entry.get("values"):
@@ -122,7 +131,8 @@ def cited(entry: dict, values: int | None) -> str:
     if values:
         far = abs(math.log2(values) - math.log2(entry["values"])) > FAR
         why += (f" against this model's {values}: the nearest input measured, and far from it"
-                if far else f", the measured input nearest to this model's {values}")
+                if far and not tie else f", as near to this model's {values} as the other"
+                if tie else f", the measured input nearest to this model's {values}")
     return entry["where"].replace("(CIFAR-10)", f"(CIFAR-10; {why})")
 
 
@@ -148,10 +158,15 @@ def measured(fix: str, values: int | None = None) -> str:
     if not entries:
         return ""
     here, others = nearest(entries, values)
+    ties = as_near(others, here, values)
     state = here["fixes"][fix]["state"]
     return (f": {verdict(here['fixes'][fix])}, on {short(here)}"
-            f"{EVIDENCE}table-recover at {cited(here, values)}: {said(here['fixes'][fix])}"
-            + elsewhere(others, lambda o: o["fixes"][fix]["state"] != state,
+            + "".join(f"; as near, {short(t)}: {verdict(t['fixes'][fix])}" for t in ties)
+            + f"{EVIDENCE}table-recover at {cited(here, values)}: {said(here['fixes'][fix])}"
+            + "".join(f"{EVIDENCE}table-recover at {cited(t, values, tie=True)}: "
+                      f"{said(t['fixes'][fix])}" for t in ties)
+            + elsewhere([o for o in others if o not in ties],
+                        lambda o: o["fixes"][fix]["state"] != state,
                         lambda o: said(o["fixes"][fix])) + lengthwise(fix, entries))
 
 
@@ -189,6 +204,14 @@ def _free_head(entry: dict) -> str:
     return f"{name} {verdict(free)}"
 
 
+def _tie_head(t: dict, here: dict) -> str:
+    """An as-near input's best fix without communication, the fix's name left out where it is
+    `here`'s too (the line stays one sentence of at most 40 words)."""
+    same = t["best_free"]["fix"] == here["best_free"]["fix"] and \
+        "no better" not in (t["best_free"]["state"], here["best_free"]["state"])
+    return verdict(t["best_free"]) if same else _free_head(t)
+
+
 def without_communication(options: str = "the lines below are options",
                           values: int | None = None) -> str:
     """The doctor's line on fixes with no per-step communication (PreciseBN's all-reduce comes
@@ -207,10 +230,14 @@ def without_communication(options: str = "the lines below are options",
         return (o["best_free"]["fix"], o["best_free"]["state"] == "no better") != \
             (here["best_free"]["fix"], here["best_free"]["state"] == "no better")
 
+    ties = as_near(others, here, values)
     return (f"without per-step communication: {_free_head(here)}, on {short(here)}"
-            f"{EVIDENCE}table-recover at {cited(here, values)}: {_free_line(here)}"
-            + elsewhere(others, differs, _free_line) + free_lengthwise(entries)
-            + f"{EVIDENCE}({TABLE})")
+            + "".join(f"; as near, {short(t)}: {_tie_head(t, here)}" for t in ties)
+            + f"{EVIDENCE}table-recover at {cited(here, values)}: {_free_line(here)}"
+            + "".join(f"{EVIDENCE}table-recover at {cited(t, values, tie=True)}: "
+                      f"{_free_line(t)}" for t in ties)
+            + elsewhere([o for o in others if o not in ties], differs, _free_line)
+            + free_lengthwise(entries) + f"{EVIDENCE}({TABLE})")
 
 
 def free_lengthwise(entries: list[dict]) -> str:

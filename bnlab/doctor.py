@@ -207,11 +207,10 @@ def recommend(layers: list[Layer], world: int, batch: int, min_values: int,
     g = max((g for g in range(1, 33) if all(c % g == 0 for c in channels)), default=1)
     chosen = groups("gn", low.per_rank)  # what table-recover measured, its pilot's choice
     if chosen and all(c % chosen == 0 for c in channels):
-        head = (f"gn with groups={chosen} (the count table-recover measured it at; it "
+        head = (f"gn with groups={chosen} (table-recover's count; it "
                 "divides every BN layer's channels)")
     elif g > 1:
-        head = (f"gn with groups={g} (the most groups, up to 32, that divide every BN "
-                f"layer's channels: {math.gcd(*channels)} is their common divisor)")
+        head = f"gn with groups={g} (the most, up to 32, dividing all BN layers' channels)"
     else:
         head = "gn: no group count above 1 divides every layer's channels; use ln or " \
             "per-layer groups"

@@ -223,7 +223,7 @@ def test_the_fix_line_names_the_smallest_group_of_8_samples_and_cites_table_reco
         "resnet20\n    table-recover at 4 ranks x 2 on resnet20 (CIFAR-10): GroupNorm (gn) gets "
         "back 55% of BN's loss (95% CI 40 to 70): partly\n    (make table-recover: "
         "experiments/recover/table.md in bnlab's repository)")
-    assert r["recommendations"][2].endswith("is their common divisor)")  # gn not in `fixes`
+    assert r["recommendations"][2].endswith("all BN layers' channels)")  # gn unmeasured
     (tmp_path / "advice.json").write_text(json.dumps({
         "where": "4 ranks x 2 on resnet20 (CIFAR-10)",
         "best_free": {"fix": "precise", "state": "no better", "gain": 1.5, "share": 0.16,
@@ -239,7 +239,7 @@ def test_the_fix_line_names_the_smallest_group_of_8_samples_and_cites_table_reco
         "(95% CI 5 to 27): no better\n    (make table-recover: experiments/recover/table.md in "
         "bnlab's repository)")
     assert r["recommendations"][2].endswith(  # the gn line says what the table found for gn
-        "is their common divisor): ends 4.1 points below BN, no better, on resnet20\n    "
+        "dividing all BN layers' channels): ends 4.1 points below BN, no better, on resnet20\n    "
         "table-recover at 4 ranks x 2 on resnet20 (CIFAR-10): GroupNorm (gn) ends 4.1 points "
         "below BN (share of BN's loss recovered -45%, 95% CI -60 to -30): no better")
 
@@ -415,3 +415,24 @@ def test_the_start_of_run_warning_is_two_lines_that_name_the_doctor(tmp_path):
     assert lines[1] == ("  the fixes, with their evidence: bnlab doctor --model bnlab:resnet20 "
                         "--input 3x32x32 --world 4 --batch-per-rank 2")
     assert not lines[2:] or not lines[2].startswith("  ")
+
+
+def test_two_inputs_about_as_near_are_both_cited(capsys, tmp_path, monkeypatch):
+    """16 values per channel lies as far from resnet18's 2 as from resnet20's 128 (log scale):
+    each fix line gives both inputs' results, not the first by list order, in at most 40
+    words, with both inputs' evidence under it."""
+    from bnlab import advice
+
+    monkeypatch.setattr(advice, "ADVICE", tmp_path / "advice.json")
+    monkeypatch.setattr(advice, "LONGER", tmp_path / "converge.json")  # none yet
+    _two_inputs(tmp_path / "advice.json")
+    _, r = _json(capsys, "--model", "torchvision:mobilenet_v3_small", "--input", "3x64x64",
+                 "--world", "2", "--batch-per-rank", "4")
+    free, gn = r["recommendations"][1], r["recommendations"][2]
+    for line in (free, gn):
+        head, *evidence = line.split("\n")
+        assert "on resnet20 (128 values); as near, torchvision resnet18 at 32 px (2 values): " \
+            in head
+        assert len(head.split()) <= 40
+        assert sum(e.startswith("    table-recover at") for e in evidence) == 2
+    assert "as near to this model's 16 as the other" in gn
