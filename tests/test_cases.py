@@ -13,14 +13,14 @@ from conftest import ROOT
 
 # case script -> (what bnlab's line must name, the fixed line's pattern)
 CASES = {
-    "ranks_disagree.py": (r"the ranks' running statistics disagree by up to [0-9.]+ .*"
+    "ranks_disagree.py": (r"[Tt]he ranks' running statistics disagree by up to [0-9.]+ .*"
                           r"bnlab\.sync_bn_stats\(model\)", r"differ by up to 0$"),
     "accumulation.py": (r"gradient accumulation \(4 micro-batches a step\) does not enlarge "
                         r"BN's batch", r"gradient is [0-9.e-]+ \(relative\)"),
     "uneven_batches.py": (r"BatchNorm's on the concatenated batch within [0-9.e-]+$",
                           r"every rank's running mean that of rank 0's images within "
                           r"(0|[0-9.]+e-0[6-9])$"),
-    "precise_bn_per_rank.py": (r"the ranks' running statistics disagree by up to [0-9.]+",
+    "precise_bn_per_rank.py": (r"[Tt]he ranks' running statistics disagree by up to [0-9.]+",
                                r"bnlab\.precise_bn\(model, batches\) they differ by up to 0$"),
     "subgroups.py": (r"the process_group given does not hold this rank \(2\): every rank must "
                      r"create every group", r"BatchNorm's on its group's 4 images within "

@@ -5,11 +5,12 @@ where the layer is in eval mode). Cause, still live in torch 2.13: any collectiv
 evaluation forward. DDP's wrapper, run with gradients on, broadcasts the BN buffers before each
 forward; a rank with one batch more then waits at that broadcast for a rank that has finished.
 
-    python examples/cases/eval_collectives.py   # 2 gloo ranks on the CPU, about 15 seconds
+    python examples/cases/eval_collectives.py   # 2 gloo ranks on the CPU, about 30 seconds
 
 It reproduces the symptom with plain PyTorch (rank 0 evaluates 3 batches, rank 1 evaluates 2,
-through the wrapper without torch.no_grad(); a 2-second timeout stands in for the hang), then
-shows what bnlab says about it (`bnlab.count_collectives`, around one evaluation step) and the
+through the wrapper without torch.no_grad(); a 15-second timeout stands in for the hang: a
+5-second one ran out once in 20 runs while a loaded machine built the wrapper), then shows
+what bnlab says about it (`bnlab.count_collectives`, around one evaluation step) and the
 fix working (the unwrapped model under torch.no_grad()). Its last lines: `symptom: ...`,
 `bnlab: ...`, `fixed: ...`.
 """
@@ -26,11 +27,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+from ranks_disagree import leave
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import bnlab
 
-WORLD, EVAL_BATCHES, TIMEOUT = 2, (3, 2), 2.0  # rank r evaluates EVAL_BATCHES[r] batches
+WORLD, EVAL_BATCHES, TIMEOUT = 2, (3, 2), 15.0  # rank r evaluates EVAL_BATCHES[r] batches
 
 
 def net() -> nn.Module:
@@ -48,7 +50,8 @@ def rank(r: int, store_path: str) -> None:
                             world_size=WORLD)
     # the wrapper's own group, with a short timeout: its wait ends in an error, not a hang
     short = dist.new_group(timeout=datetime.timedelta(seconds=TIMEOUT))
-    model = DDP(net(), process_group=short)
+    dist.barrier()  # both ranks here before the short group's first collective (DDP's own):
+    model = DDP(net(), process_group=short)  # on a loaded machine one can start seconds late
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for i in range(3):  # training: gradients on, every rank the same number of steps
         opt.zero_grad()
@@ -79,7 +82,8 @@ def rank(r: int, store_path: str) -> None:
         print(f"fixed: model.module under torch.no_grad() issues {waits[0][1]} and "
               f"{waits[1][1]} collectives on ranks 0 and 1: each evaluated its own number of "
               "batches")
-    dist.destroy_process_group()
+    del model, opt  # tear down as the other cases do (ranks_disagree.leave)
+    leave()
 
 
 if __name__ == "__main__":

@@ -14,11 +14,20 @@ Its last lines: `symptom: ...`, `bnlab: ...`, `fixed: ...`.
 
 from __future__ import annotations
 
-from fvcore.nn.precise_bn import update_bn_stats
+import sys
+
 from ranks_disagree import batches, net, run, say_and_fix, spread
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import bnlab
+
+try:
+    from fvcore.nn.precise_bn import update_bn_stats  # the symptom is fvcore's own
+except ImportError:
+    print("precise_bn_per_rank.py: this case reproduces fvcore's PreciseBN and needs fvcore; "
+          "install it (pip install fvcore; make install has it), then run it again.",
+          file=sys.stderr)
+    sys.exit(2)
 
 
 def rank(r: int) -> None:

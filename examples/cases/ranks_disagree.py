@@ -14,6 +14,7 @@ It reproduces the symptom with plain PyTorch, then shows what bnlab says about i
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 import warnings
@@ -58,12 +59,11 @@ def say_and_fix(model: nn.Module, r: int, fix, named: str) -> None:
     every rank and how far apart the ranks are after it: the cases' last two lines."""
     verdict = bnlab.diagnose(model, batches(r, 4), num_samples=32, batch_per_rank=8).verdict()
     if r == 0:
-        print(f"bnlab: {verdict}")
+        print("bnlab: " + " ".join(line.strip() for line in verdict.splitlines()))  # one line
     fix()
     after = spread(model.module)
     if r == 0:
         print(f"fixed: after {named} they differ by up to {after:.2g}")
-    dist.destroy_process_group()
 
 
 def run(rank_fn, world: int = WORLD) -> None:
@@ -78,6 +78,18 @@ def _joined(r: int, rank_fn, store_path: str, world: int) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=r,
                             world_size=world)
     rank_fn(r)
+    leave()
+
+
+def leave() -> None:
+    """Tear down in order once a case is done: every DDP wrapper of the case freed first (its
+    reducer holds the process group and its threads), then every rank past its last
+    collective, then the groups. Destroyed under a live wrapper, the group's threads were
+    left to die with the interpreter, which aborted some runs at exit ("terminate called
+    without an active exception")."""
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def rank(r: int) -> None:
