@@ -161,11 +161,20 @@ def bf16_moved(there: RunsData) -> str | None:
         else:
             states.append("moves" if mh["state"] != mf["state"] else "does not move")
         parts.append(f"{full.cell.label}: " + (devices.said(mh) if mh else "still to come")
-                     + " in bf16, " + (devices.said(mf) if mf else "still to come")
+                     + f" in bf16 ({path(half)}), " + (devices.said(mf) if mf else
+                                                        "still to come")
                      + f" in fp32 ({states[-1]})")
     answer = ("undecided" if "undecided" in states else
               "yes" if "moves" in states else "no, the same state in every cell")
     return f"{answer} ({'; '.join(parts)}; {RULES.words('answers', 'bf16')})."
+
+
+def path(c) -> str:
+    """Which path made a cell's runs: bnlab's simulated ranks in one process (under bf16 close
+    to DDP, not exact: docs/training.md) or real ranks, from each run's run.json."""
+    ways = sorted({"simulated ranks" if r.info.get("simulated") else
+                   f"real {r.info.get('backend') or 'DDP'} ranks" for r in c.runs})
+    return " and ".join(ways) or "no run yet"
 
 
 def verdicts(d: RunsData) -> list[Verdict]:
