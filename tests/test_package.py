@@ -79,6 +79,20 @@ def test_the_wheel_carries_its_license(installed, tmp_path):
     assert p.returncode == 0 and p.stdout.split() == ["MIT", "True"], p.stderr[-500:]
 
 
+def test_what_needs_the_checkout_says_so_where_only_the_wheel_is(installed, tmp_path):
+    """The reported tables (bnlab.claims) stay in the checkout, beside the runs they read; what
+    ships and needs the checkout (bnlab runs verify re-runs its train.py) refuses in one
+    sentence, exit 2, not with a traceback."""
+    p = _run([str(installed / "python"), "-m", "bnlab.claims", "all", "--report"], tmp_path)
+    assert p.returncode != 0 and "No module named bnlab.claims" in p.stderr
+    assert p.stderr.count("\n") == 1, p.stderr[-2000:]
+    run = tmp_path / "run"
+    run.mkdir()
+    p = _run([str(installed / "bnlab"), "runs", "verify", str(run)], tmp_path)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr[-2000:]
+    assert "works in a bnlab checkout" in p.stderr or "bnlab[lab]" in p.stderr
+
+
 def test_bnlab_is_a_command_with_its_tools(installed, tmp_path):
     p = _run([str(installed / "bnlab"), "--help"], tmp_path)
     assert p.returncode == 0 and p.stdout.startswith("usage: bnlab ")

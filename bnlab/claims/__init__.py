@@ -43,4 +43,7 @@ TABLES: dict[str, table.Table] = {m.TABLE.name: m.TABLE for m in (
 
 
 def main(argv: list[str] | None = None) -> int:
-    return make.main(TABLES, argv)
+    from bnlab.cli import run_cli
+    from bnlab.paths import need_checkout
+
+    return run_cli(lambda: need_checkout("python -m bnlab.claims") or make.main(TABLES, argv))

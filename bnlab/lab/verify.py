@@ -26,7 +26,7 @@ from bnlab import floatenv
 from bnlab.errors import BnlabError
 from bnlab.lab.identity import first_difference, logged
 from bnlab.metrics import read_jsonl
-from bnlab.paths import ROOT
+from bnlab.paths import ROOT, need_checkout
 from bnlab.rundir import (
     RESUME_MAY_CHANGE,
     changed_keys,
@@ -182,6 +182,7 @@ def main(argv: list[str], prog: str = "bnlab") -> int:
                    help="run these kernels (a run that predates the record names none)")
     p.add_argument("--data", help="the folder holding cifar-10-batches-py (default: recorded)")
     a = p.parse_args(argv)
+    need_checkout(f"{prog} runs verify")  # it re-runs train.py at the checkout's code
     v = verify(a.run, a.steps, a.as_recorded, a.data, a.capability)
     print(said(a.run, v))
     return 0 if v["identical"] else 1
