@@ -262,16 +262,21 @@ def _two_inputs(path) -> None:
          "best_free": gn18, "fixes": {"gn": gn18}}]}))
 
 
-def test_the_fix_lines_cite_the_measured_input_nearest_in_values_per_channel(
-        capsys, tmp_path, monkeypatch):
-    """The seeds' own model (torchvision resnet18 at 32 px, 4 x 2: 2 values per channel in
-    layer4) gets resnet18's rows, named, with resnet20's different ranking said; resnet50 at
-    224 px, 8 x 2 (98 values in layer4) gets the input nearest it, resnet20 (128), named."""
+@pytest.fixture
+def two_inputs(tmp_path, monkeypatch):
+    """The doctor reading _two_inputs' advice.json, and no longer runs."""
     from bnlab import advice
 
     monkeypatch.setattr(advice, "ADVICE", tmp_path / "advice.json")
     monkeypatch.setattr(advice, "LONGER", tmp_path / "converge.json")  # none yet
     _two_inputs(tmp_path / "advice.json")
+
+
+def test_the_fix_lines_cite_the_measured_input_nearest_in_values_per_channel(
+        capsys, two_inputs):
+    """The seeds' own model (torchvision resnet18 at 32 px, 4 x 2: 2 values per channel in
+    layer4) gets resnet18's rows, named, with resnet20's different ranking said; resnet50 at
+    224 px, 8 x 2 (98 values in layer4) gets the input nearest it, resnet20 (128), named."""
     _, r = _json(capsys, "--model", "torchvision:resnet18", "--input", "3x32x32",
                  "--world", "4", "--batch-per-rank", "2")
     free, gn = r["recommendations"][1], r["recommendations"][2]
@@ -417,15 +422,10 @@ def test_the_start_of_run_warning_is_two_lines_that_name_the_doctor(tmp_path):
     assert not lines[2:] or not lines[2].startswith("  ")
 
 
-def test_two_inputs_about_as_near_are_both_cited(capsys, tmp_path, monkeypatch):
+def test_two_inputs_about_as_near_are_both_cited(capsys, two_inputs):
     """16 values per channel lies as far from resnet18's 2 as from resnet20's 128 (log scale):
     each fix line gives both inputs' results, not the first by list order, in at most 40
     words, with both inputs' evidence under it."""
-    from bnlab import advice
-
-    monkeypatch.setattr(advice, "ADVICE", tmp_path / "advice.json")
-    monkeypatch.setattr(advice, "LONGER", tmp_path / "converge.json")  # none yet
-    _two_inputs(tmp_path / "advice.json")
     _, r = _json(capsys, "--model", "torchvision:mobilenet_v3_small", "--input", "3x64x64",
                  "--world", "2", "--batch-per-rank", "4")
     free, gn = r["recommendations"][1], r["recommendations"][2]
