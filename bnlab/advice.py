@@ -17,6 +17,7 @@ from bnlab.paths import MEASURED
 ADVICE = MEASURED / "advice.json"
 LONGER = MEASURED / "converge.json"  # one input trained 4x longer, as an advice.json input
 PUBLISHED = MEASURED / "published.json"  # others' measurements, each with its citation
+THRESHOLDS = MEASURED / "thresholds.json"  # make table-values: what it finds of the thresholds
 MEASURED_SIDE = 32  # every input bnlab measured its fixes on: CIFAR-10 images, 32 x 32 px
 IMAGENET_SIDE = 128  # an input this large or larger is taken for ImageNet-like
 TABLE = "make table-recover: experiments/recover/table.md in bnlab's repository"
@@ -285,3 +286,16 @@ def published(batch: int, shape: tuple[int, ...]) -> str | None:
             f"BN {bn[at]}% top-1 error against {bn[top]}% at {max(e['images_per_rank'])} "
             f"({bn[at] - bn[top]:.1f} points lost); GroupNorm {gn[at]}% ({min(gn)} to "
             f"{max(gn)} at every batch)")
+
+
+def thresholds_judged() -> str:
+    """What table-values finds of the doctor's thresholds, at each global batch it measured
+    ('not supported at global batch 8 (...), supported at global batch 16'), and where; or
+    that it has not judged them yet."""
+    got = _json(THRESHOLDS) or {}
+    at = [a for a in got.get("at", []) if isinstance(a, dict) and a.get("answer")]
+    if not at:
+        return f"no table has judged them yet ({TABLE.replace('recover', 'values')})"
+    return ("table-values finds them " + "; ".join(f"{a['answer']} at global batch "
+                                                 f"{a['global_batch']}" for a in at)
+            + f" ({got['table']})")

@@ -31,7 +31,14 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
-from bnlab.advice import extrapolated, groups, measured, published, without_communication
+from bnlab.advice import (
+    extrapolated,
+    groups,
+    measured,
+    published,
+    thresholds_judged,
+    without_communication,
+)
 from bnlab.batchnorm import restore_modes, save_modes
 from bnlab.cli import emit
 from bnlab.defaults import MIN_IMAGES, MIN_VALUES
@@ -276,7 +283,7 @@ def report(args: argparse.Namespace) -> int:
     emit(args.json, render(setting, layers, risky, tips),
          {**setting, "layers": [asdict(layer) for layer in layers], "at_risk": len(risky),
           "recommendations": tips, "notes": notes(setting) if risky else [],
-          "thresholds_evidence": EVIDENCE})
+          "thresholds_evidence": EVIDENCE, "thresholds_judged": thresholds_judged()})
     return 1 if risky else 0
 
 
@@ -334,6 +341,5 @@ def evidence(min_images: int, min_values: int) -> str:
     mine = (min_images, min_values) == (MIN_IMAGES, MIN_VALUES)
     which = "bnlab's defaults" if mine else (f"yours; bnlab's defaults are {MIN_IMAGES} and "
                                              f"{MIN_VALUES}")
-    return (f"Thresholds: {min_images} samples and {min_values} values per channel ({which}). "
-            f"bnlab's make table-values tests them on CIFAR-10 at global batches of 8 and 16: "
-            f"{EVIDENCE} in bnlab's repository.")
+    return (f"Thresholds: {min_images} samples and {min_values} values per channel ({which}); "
+            f"on CIFAR-10, {thresholds_judged()}.")

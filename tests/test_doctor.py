@@ -64,7 +64,7 @@ def test_the_report_cites_the_table_that_measures_its_thresholds(capsys):
     assert (ROOT / doctor.EVIDENCE).is_file()
     at_4x2 = ("--model", "bnlab:resnet20", "--world", "4", "--batch-per-rank", "2")
     _, out, _ = _doctor(capsys, *at_4x2)
-    assert out.rstrip().endswith(f"{doctor.EVIDENCE} in bnlab's repository.")
+    assert out.rstrip().endswith(f"{doctor.EVIDENCE} in bnlab's repository).")
     low = f"{doctor.MIN_IMAGES} samples and {doctor.MIN_VALUES} values per channel"
     assert f"{low} (bnlab's defaults)" in out
     _, out, _ = _doctor(capsys, *at_4x2, "--min-values", "4")
@@ -72,6 +72,23 @@ def test_the_report_cites_the_table_that_measures_its_thresholds(capsys):
             f"{doctor.MIN_VALUES})") in out
     _, r = _json(capsys, *at_4x2)
     assert r["thresholds_evidence"] == doctor.EVIDENCE
+    assert r["thresholds_judged"] in out  # what table-values finds of them, from its file
+
+
+def test_the_thresholds_line_says_what_table_values_found_or_that_none_judged_them(
+        capsys, tmp_path, monkeypatch):
+    from bnlab import advice
+
+    monkeypatch.setattr(advice, "THRESHOLDS", tmp_path / "thresholds.json")  # none yet
+    at_4x2 = ("--model", "bnlab:resnet20", "--world", "4", "--batch-per-rank", "2")
+    _, out, _ = _doctor(capsys, *at_4x2)
+    assert "on CIFAR-10, no table has judged them yet (make table-values" in out
+    (tmp_path / "thresholds.json").write_text(json.dumps({"table": "T", "at": [
+        {"global_batch": 8, "answer": "not supported (a reason)"},
+        {"global_batch": 16, "answer": "supported"}]}))
+    _, out, _ = _doctor(capsys, *at_4x2)
+    assert out.rstrip().endswith("table-values finds them not supported (a reason) at global "
+                                 "batch 8; supported at global batch 16 (T).")
 
 
 FACTORY = '''

@@ -23,7 +23,7 @@ from bnlab.lab.page import provenance
 from bnlab.lab.plan import Spec
 from bnlab.lab.results import CellResult, collect
 from bnlab.lab.spec import load_spec
-from bnlab.paths import BENCH_RESULTS, EXPERIMENTS, RUNS, shown
+from bnlab.paths import BENCH_RESULTS, EXPERIMENTS, MEASURED, RUNS, shown
 
 # ----------------------------------------------------------------------------------------
 # The verdict of a claim
@@ -281,6 +281,14 @@ def build(table: Table, ctx: Context) -> Any:
         table.also(data, ctx.out)
     print("wrote " + " and ".join(map(str, written)))
     return data
+
+
+def measured_path(out: Path, name: str, file: str) -> Path:
+    """Where a table's file for the library goes: into the package (bnlab/measured/, what the
+    doctor reads and the wheel ships) when the table is built into the repository's
+    experiments/<name>/, else beside the table (a build elsewhere, as the tests make, leaves the
+    package alone)."""
+    return MEASURED / file if out.resolve() == (EXPERIMENTS / name).resolve() else out / file
 
 
 def verdict_section(verdicts: list[Verdict]) -> str:

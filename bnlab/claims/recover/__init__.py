@@ -57,7 +57,6 @@ from bnlab.lab import page, rules, table
 from bnlab.lab.figures import nothing_yet, plt, save
 from bnlab.lab.results import fmt
 from bnlab.lab.table import Verdict
-from bnlab.paths import EXPERIMENTS, MEASURED
 
 
 def render(data: Recover) -> str:
@@ -152,11 +151,8 @@ def verdicts(data: Recover) -> list[Verdict]:
 
 
 def advice_path(out: Path) -> Path:
-    """Where advice.json goes: into the package (bnlab/measured/, what bnlab.advice reads and
-    the wheel ships) when the table is built into the repository's experiments/, else beside
-    the table (a build elsewhere, as the tests make, leaves the package alone)."""
-    return MEASURED / "advice.json" if out.resolve() == (EXPERIMENTS / "recover").resolve() \
-        else out / "advice.json"
+    """Where advice.json goes (bnlab/measured/ for the repository's table: lab.table's rule)."""
+    return table.measured_path(out, "recover", "advice.json")
 
 
 def advice(data: Recover, out: Path) -> None:

@@ -243,5 +243,14 @@ def plot(d: RunsData, path: Path) -> None:
     figure.plot(d, path, finding(d)[0].text.split(": ")[0])
 
 
+def thresholds_json(d: RunsData, out: Path) -> None:
+    """thresholds.json for the doctor's line on its thresholds: what this table finds of them
+    at global batch 8 (rule v3 on) and, by rule v5, at 8 images per rank (global batch 16)."""
+    table.save_results(table.measured_path(out, "values", "thresholds.json"), {
+        "table": "make table-values: experiments/values/table.md in bnlab's repository",
+        "at": [{"global_batch": 8, "answer": thresholds(d)[0]},
+               {"global_batch": BIG, "answer": rule_v5(d)[0] or "not run yet"}]})
+
+
 TABLE = table.Table("values", (), table.runs_data, render, verdicts, plot, block="settled",
-                    headline="values.png", finding=finding)
+                    headline="values.png", finding=finding, also=thresholds_json)
