@@ -273,7 +273,8 @@ def build(table: Table, ctx: Context) -> Any:
     data = table.load(ctx)
     ctx.out.mkdir(parents=True, exist_ok=True)
     written = [ctx.out / "table.md"]
-    written[0].write_text(table.render(data) + verdict_section(table.verdicts(data)))
+    page, claims = table.render(data), verdict_section(table.verdicts(data))
+    written[0].write_text(page.rstrip("\n") + "\n" + claims if claims else page)
     if table.plot is not None:
         written.append(ctx.out / f"{table.name}.png")
         table.plot(data, written[-1])

@@ -15,6 +15,11 @@ from bnlab.lab.table import Context, Table, Verdict
 from bnlab.rundir import read_status
 
 
+# the tiny table's page: its render, then the claims it rules on (lab.table.verdict_section)
+PAGE = ("measured 2 cells; a: 1 run, b: 1 run\n\n## The claims this page rules on\n\n"
+        "- C99 (claimed): **reproduced**. ours\n")
+
+
 def tiny_table(tmp_path: Path) -> Table:
     """A table over two tiny runs on generated data (the sweep's real code path)."""
     spec = tmp_path / "specs" / "tiny" / "sweep.yaml"
@@ -50,7 +55,7 @@ def test_a_table_trains_measures_and_writes_then_rebuilds_from_what_it_kept(tmp_
             str(tmp_path / "exp")]
     assert main({"tiny": table}, args) == 0
     out = tmp_path / "exp" / "tiny"
-    assert (out / "table.md").read_text() == "measured 2 cells; a: 1 run, b: 1 run"
+    assert (out / "table.md").read_text() == PAGE
     res = json.loads((out / "results.json").read_text())
     assert res["finished"] == 2 and res["measure_s"] > 0
     assert all(read_status(d) == "completed"
@@ -64,7 +69,7 @@ def test_a_table_trains_measures_and_writes_then_rebuilds_from_what_it_kept(tmp_
     assert "running 2 with 2 job(s)" in capsys.readouterr().out  # the first call trained
     assert main({"tiny": table}, [*args, "--report"]) == 0  # no sweep, no measuring
     assert "runs already done" not in capsys.readouterr().out
-    assert (out / "table.md").read_text() == "measured 2 cells; a: 1 run, b: 1 run"
+    assert (out / "table.md").read_text() == PAGE
     assert json.loads((out / "results.json").read_text()) == res
 
 
