@@ -14,7 +14,6 @@ from bnlab.lab.readme import write_headline
 from bnlab.lab.table import Context, Table, Verdict
 from bnlab.rundir import read_status
 
-
 # the tiny table's page: its render, then the claims it rules on (lab.table.verdict_section)
 PAGE = ("measured 2 cells; a: 1 run, b: 1 run\n\n## The claims this page rules on\n\n"
         "- C99 (claimed): **reproduced**. ours\n")
