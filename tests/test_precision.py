@@ -18,7 +18,7 @@ from bnlab.models import build_model
 from bnlab.norms import convert
 from bnlab.precision import Precision
 from bnlab.simulate import SimulatedDDP
-from conftest import run_here
+from conftest import CIFAR_MINI, needs_cifar, run_here
 
 BF16 = torch.bfloat16
 WORLD = 4
@@ -303,3 +303,37 @@ def test_the_simulation_is_ddps_arithmetic_in_fp32_and_only_close_to_it_in_bf16(
                      _one_step_grads(4, 2, torch.bfloat16, False))
     assert fp32 < 1e-5
     assert bf16 > 100 * fp32 and bf16 < 0.05  # not DDP's bits; still the same step
+
+
+def _losses(run_dir) -> dict[int, float]:
+    import json
+
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+
+
+@pytest.mark.slow  # about 100 s on 2 loaded cores: 4 runs of 100 steps, two of them 4 processes
+@needs_cifar
+def test_simulated_ranks_drift_from_real_gloo_ddp_under_bf16_as_docs_training_says(tmp_path):
+    """resnet20, bn, 4 x 2: the simulation against 4 real gloo ranks (train.py, the same
+    overrides), fp32 and bf16. The first logged losses agree to 1e-6 in fp32 and only to 1e-2
+    under bf16 (docs/training.md gives the numbers of a 300-step run); both then drift as
+    float runs do, staying within 0.2 over 100 steps."""
+    common = ["model=resnet20", "norm=bn", "batch_per_gpu=2", "epochs=1", "max_steps=100",
+              "log_every=10", f"data.root={CIFAR_MINI}", "data.download=false",
+              "progress=false", "checkpoint=false", "dist.threads=1",
+              "diagnostics.enabled=false", "data.val_limit=64"]
+    gap = {}
+    for precision in ("fp32", "bf16"):
+        runs = {}
+        for way, flag in (("sim", "dist.simulate=4"), ("ddp", "dist.nproc_per_node=4")):
+            out = tmp_path / f"{way}-{precision}"
+            r = run_here("train.py", *common, f"precision={precision}", flag,
+                         f"hydra.run.dir={out}", cwd=tmp_path)
+            assert r.returncode == 0, r.stderr[-2000:]
+            runs[way] = _losses(out)
+        steps = sorted(set(runs["sim"]) & set(runs["ddp"]))
+        assert len(steps) == 10
+        gap[precision] = [abs(runs["sim"][s] - runs["ddp"][s]) for s in steps]
+    assert gap["fp32"][0] < 1e-6 and 1e-6 < gap["bf16"][0] < 1e-2
+    assert max(gap["fp32"] + gap["bf16"]) < 0.2
