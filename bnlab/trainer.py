@@ -111,11 +111,6 @@ def wrap(model: nn.Module, cfg: dict, env: dist.DistEnv) -> nn.Module:
     return model
 
 
-def model_state(model: nn.Module) -> dict:
-    """The bare model's state dict (rank 0's statistics); simulated ranks' buffers left out."""
-    return {k: v for k, v in model.state_dict().items() if "sim_running_" not in k}
-
-
 class Clock:
     """Training wall time with evaluation excluded; synchronises the device when read."""
 
@@ -147,7 +142,7 @@ def save_checkpoint(run_dir: Path, cfg: dict, model: nn.Module, opt, sched,
     ranks_bn = rank_running_stats(model, env) if dist.world_size(cfg, env.world) > 1 else []
     if env.is_main:
         checkpoint.save(run_dir / checkpoint.CHECKPOINT, {
-            "model": model_state(model), "optimizer": opt.state_dict(),
+            "model": checkpoint.model_state(model.state_dict()), "optimizer": opt.state_dict(),
             "scheduler": sched.state_dict(), "epoch": epoch, "step": step,
             "config": yaml.safe_dump(cfg, sort_keys=False),
             "rank_bn_stats": ranks_bn,  # every rank's running statistics (C7)
