@@ -4,7 +4,8 @@ timm fuses a norm with what follows it (`BatchNormAct2d`: BN, then `drop`, then 
 child modules; `SyncBatchNormAct` after timm's `convert_sync_batchnorm`). `convert` rebuilds
 the norm as any kind and keeps the two children: the converted layer is the kind's layer with
 a `drop` and an `act` (`with_act`), under the same parameter and buffer names, so a timm
-checkpoint loads into it. `revert` gives timm's class back (`plain_of`). Nothing here imports
+checkpoint loads into it. `revert` gives timm's class back (`reverts_to`), drop and act
+included. Nothing here imports
 timm: its layers are known by their forward's module and class name.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+
+from bnlab.batchnorm import RankBatchNorm
 
 # (module, class) of the timm forwards that are a BN followed by self.drop then self.act
 _TIMM_NORM_ACT = {("timm.layers.norm_act", "BatchNormAct2d"),
@@ -51,8 +54,6 @@ def with_act(layer: nn.Module, src: nn.Module) -> nn.Module:
     """`layer` (what convert built from the norm-act layer `src`) with `src`'s drop path and
     activation after its own forward. A batch-statistics layer built from a BatchNormAct2d
     stays an instance of it, so timm's type-keyed tools (freeze_batch_norm_2d) keep the act."""
-    from bnlab.batchnorm import RankBatchNorm
-
     bases = (NormAct, type(layer))
     if isinstance(layer, RankBatchNorm) and issubclass(origin(src), nn.BatchNorm2d):
         bases += (origin(src),)
@@ -64,15 +65,3 @@ def with_act(layer: nn.Module, src: nn.Module) -> nn.Module:
     if isinstance(layer, RankBatchNorm):
         layer.reverts_to = origin(src)
     return layer
-
-
-def plain_of(layer: nn.Module, **factory) -> nn.Module:
-    """timm's norm-act layer that `layer` (a converted batch-statistics one) was made from,
-    with `layer`'s drop path and activation; its state is the caller's to copy."""
-    cls = layer.reverts_to
-    plain = cls(layer.num_features, layer.eps, layer.momentum, layer.affine,
-                layer.track_running_stats, **factory)
-    if layer.bias is None and plain.bias is not None:
-        plain.register_parameter("bias", None)
-    plain.drop, plain.act = layer.drop, layer.act
-    return plain

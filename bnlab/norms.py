@@ -40,7 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 from bnlab.batchnorm import PLAIN, BatchNormXd, BatchRenorm, FrozenBatchNorm, RankBatchNorm, typed
 from bnlab.compat import BN_TAKES_BIAS, GN_TAKES_BIAS, bias_kw, drop_bias
 from bnlab.errors import BnlabError
-from bnlab.normact import NormAct, is_norm_act, plain_of, with_act
+from bnlab.normact import NormAct, is_norm_act, with_act
 from bnlab.wsconv import WSConv2d, feeding_convs, from_conv, to_conv
 
 # ----------------------------------------------------------------------------------------
@@ -375,13 +375,13 @@ def revert(model: nn.Module) -> nn.Module:
         if not isinstance(module, (RankBatchNorm, nn.SyncBatchNorm)) or \
                 is_norm_act(module) and not isinstance(module, RankBatchNorm):
             return None  # timm's SyncBatchNormAct stays: bnlab did not make it
-        if isinstance(module, NormAct):
-            return _carry(module, plain_of(module, **_factory(module)), BN_STATE)
         cls = _reverts_to(module)
         bias = module.bias is not None
+        kw = {} if isinstance(module, NormAct) else bias_kw(bias, BN_TAKES_BIAS)  # timm's: no bias=
         plain = drop_bias(cls(module.num_features, module.eps, module.momentum, module.affine,
-                              module.track_running_stats, **bias_kw(bias, BN_TAKES_BIAS),
-                              **_factory(module)), bias)
+                              module.track_running_stats, **kw, **_factory(module)), bias)
+        if isinstance(module, NormAct):  # timm's class back, with its drop path and activation
+            plain.drop, plain.act = module.drop, module.act
         return _carry(module, plain, BN_STATE)
 
     return _swap(model, pick)
