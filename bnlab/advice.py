@@ -21,6 +21,7 @@ THRESHOLDS = MEASURED / "thresholds.json"  # make table-values: what it finds of
 MEASURED_SIDE = 32  # every input bnlab measured its fixes on: CIFAR-10 images, 32 x 32 px
 IMAGENET_SIDE = 128  # an input this large or larger is taken for ImageNet-like
 TABLE = "make table-recover: experiments/recover/table.md in bnlab's repository"
+VALUES_TABLE = "make table-values: experiments/values/table.md in bnlab's repository"
 # no per-step communication (PreciseBN all-reduces once per recalibration), as table-recover
 FREE = ("gn", "gnws", "ln", "evonorm", "brn", "precise", "frozen_bn")
 FAR = 2.0  # log2: an input with over 4x more (or fewer) values per channel is said to be far
@@ -116,11 +117,23 @@ def _distance(e: dict, values: int | None) -> float:
     return abs(math.log2(values) - math.log2(e["values"]))
 
 
-def as_near(others: list[dict], here: dict, values: int | None) -> list[dict]:
-    """The inputs among `others` about as near `values` as `here` (within TIE on the log
-    scale): a line cites them beside it rather than picking one by list order."""
+def as_near(others: list[dict], here: dict, values: int | None) -> tuple[list[dict], list]:
+    """(the inputs among `others` about as near `values` as `here`, within TIE on the log
+    scale, which a line cites beside it rather than picking one by list order; the rest)."""
     d = _distance(here, values)
-    return [o for o in others if math.isfinite(d) and abs(_distance(o, values) - d) < TIE]
+    ties = [o for o in others if math.isfinite(d) and abs(_distance(o, values) - d) < TIE]
+    return ties, [o for o in others if o not in ties]
+
+
+def _nearest_said(here: dict, ties: list[dict], values: int | None, head, tie_head,
+                  line) -> str:
+    """A fix line's sentence (`head` of the nearest input, `tie_head` of each as near) and
+    its first evidence: table-recover at each of those inputs, `line` of each."""
+    return (f"{head(here)}, on {short(here)}"
+            + "".join(f"; as near, {short(t)}: {tie_head(t)}" for t in ties)
+            + f"{EVIDENCE}table-recover at {cited(here, values)}: {line(here)}"
+            + "".join(f"{EVIDENCE}table-recover at {cited(t, values, tie=True)}: {line(t)}"
+                      for t in ties))
 
 
 def cited(entry: dict, values: int | None, tie: bool = False) -> str:
@@ -130,7 +143,7 @@ def cited(entry: dict, values: int | None, tie: bool = False) -> str:
         return entry["where"]
     why = f"{entry['values']} values per channel per rank at its smallest BN layer"
     if values:
-        far = abs(math.log2(values) - math.log2(entry["values"])) > FAR
+        far = _distance(entry, values) > FAR
         why += (f" against this model's {values}: the nearest input measured, and far from it"
                 if far and not tie else f", as near to this model's {values} as the other"
                 if tie else f", the measured input nearest to this model's {values}")
@@ -159,15 +172,14 @@ def measured(fix: str, values: int | None = None) -> str:
     if not entries:
         return ""
     here, others = nearest(entries, values)
-    ties = as_near(others, here, values)
+    ties, rest = as_near(others, here, values)
     state = here["fixes"][fix]["state"]
-    return (f": {verdict(here['fixes'][fix])}, on {short(here)}"
-            + "".join(f"; as near, {short(t)}: {verdict(t['fixes'][fix])}" for t in ties)
-            + f"{EVIDENCE}table-recover at {cited(here, values)}: {said(here['fixes'][fix])}"
-            + "".join(f"{EVIDENCE}table-recover at {cited(t, values, tie=True)}: "
-                      f"{said(t['fixes'][fix])}" for t in ties)
-            + elsewhere([o for o in others if o not in ties],
-                        lambda o: o["fixes"][fix]["state"] != state,
+
+    def its(e: dict) -> str:
+        return verdict(e["fixes"][fix])
+
+    return (": " + _nearest_said(here, ties, values, its, its, lambda e: said(e["fixes"][fix]))
+            + elsewhere(rest, lambda o: o["fixes"][fix]["state"] != state,
                         lambda o: said(o["fixes"][fix])) + lengthwise(fix, entries))
 
 
@@ -231,14 +243,12 @@ def without_communication(options: str = "the lines below are options",
         return (o["best_free"]["fix"], o["best_free"]["state"] == "no better") != \
             (here["best_free"]["fix"], here["best_free"]["state"] == "no better")
 
-    ties = as_near(others, here, values)
-    return (f"without per-step communication: {_free_head(here)}, on {short(here)}"
-            + "".join(f"; as near, {short(t)}: {_tie_head(t, here)}" for t in ties)
-            + f"{EVIDENCE}table-recover at {cited(here, values)}: {_free_line(here)}"
-            + "".join(f"{EVIDENCE}table-recover at {cited(t, values, tie=True)}: "
-                      f"{_free_line(t)}" for t in ties)
-            + elsewhere([o for o in others if o not in ties], differs, _free_line)
-            + free_lengthwise(entries) + f"{EVIDENCE}({TABLE})")
+    ties, rest = as_near(others, here, values)
+    return ("without per-step communication: "
+            + _nearest_said(here, ties, values, _free_head, lambda t: _tie_head(t, here),
+                            _free_line)
+            + elsewhere(rest, differs, _free_line) + free_lengthwise(entries)
+            + f"{EVIDENCE}({TABLE})")
 
 
 def free_lengthwise(entries: list[dict]) -> str:
@@ -295,7 +305,7 @@ def thresholds_judged() -> str:
     got = _json(THRESHOLDS) or {}
     at = [a for a in got.get("at", []) if isinstance(a, dict) and a.get("answer")]
     if not at:
-        return f"no table has judged them yet ({TABLE.replace('recover', 'values')})"
+        return f"no table has judged them yet ({VALUES_TABLE})"
     return ("table-values finds them " + "; ".join(f"{a['answer']} at global batch "
                                                  f"{a['global_batch']}" for a in at)
             + f" ({got['table']})")

@@ -24,6 +24,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+from bnlab.advice import VALUES_TABLE
 from bnlab.claims.values import figure
 from bnlab.claims.values.cells import *  # noqa: F403 (the table's names, one namespace)
 from bnlab.claims.values.cells import (
@@ -247,7 +248,7 @@ def thresholds_json(d: RunsData, out: Path) -> None:
     """thresholds.json for the doctor's line on its thresholds: what this table finds of them
     at global batch 8 (rule v3 on) and, by rule v5, at 8 images per rank (global batch 16)."""
     table.save_results(table.measured_path(out, "values", "thresholds.json"), {
-        "table": "make table-values: experiments/values/table.md in bnlab's repository",
+        "table": VALUES_TABLE,
         "at": [{"global_batch": 8, "answer": thresholds(d)[0]},
                {"global_batch": BIG, "answer": rule_v5(d)[0] or "not run yet"}]})
 
