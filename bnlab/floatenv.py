@@ -113,9 +113,14 @@ def capability_of(info: dict) -> str | None:
     return (info.get("floats") or {}).get("cpu_capability")
 
 
+def _starts(info: dict) -> list[dict | None]:
+    """A run.json's floats at its start and at each resume, in order (None: not recorded)."""
+    return [info.get("floats"), *[r.get("floats") for r in info.get("resumed", [])]]
+
+
 def capabilities_of(info: dict) -> list[str | None]:
     """The capability at the run's start and at each resume, in order (None: not recorded)."""
-    return [capability_of(info), *[capability_of(r) for r in info.get("resumed", [])]]
+    return [(f or {}).get("cpu_capability") for f in _starts(info)]
 
 
 VENDORS = {"GenuineIntel": "Intel", "AuthenticAMD": "AMD"}
@@ -132,8 +137,7 @@ def kernels_of(floats: dict | None) -> str | None:
 
 def kernels_all(info: dict) -> list[str | None]:
     """kernels_of at the run's start and at each resume, in order."""
-    return [kernels_of(f) for f in (info.get("floats"), *[r.get("floats") for r in
-                                                           info.get("resumed", [])])]
+    return [kernels_of(f) for f in _starts(info)]
 
 
 def can_reproduce(floats: dict | None) -> bool:
