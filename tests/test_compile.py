@@ -5,7 +5,6 @@ included); `train.py compile=true` trains (slow: inductor on the CPU)."""
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ import torch._dynamo as dynamo
 from torch._dynamo.testing import CompileCounter
 
 import bnlab
+from bnlab.metrics import read_jsonl
 from bnlab.models import BasicBlock
 from bnlab.norms import NORMS
 from bnlab.simulate import SimulatedDDP
@@ -90,6 +90,6 @@ def test_train_py_compile_true_trains_with_inductor(tmp_path):
                  "compile=true", "data.train_limit=64", "checkpoint=false",
                  f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     losses = [row["train/loss"] for row in rows if "train/loss" in row]
     assert losses and all(torch.isfinite(torch.tensor(losses)))

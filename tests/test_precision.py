@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from test_resume import TINY, assert_same_run
 
+from bnlab.metrics import read_jsonl
 from bnlab.models import build_model
 from bnlab.norms import convert
 from bnlab.precision import Precision
@@ -306,10 +307,8 @@ def test_the_simulation_is_ddps_arithmetic_in_fp32_and_only_close_to_it_in_bf16(
 
 
 def _losses(run_dir) -> dict[int, float]:
-    import json
-
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
-    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+    return {r["step"]: r["train/loss"] for r in read_jsonl(run_dir / "metrics.jsonl")
+            if "train/loss" in r}
 
 
 @pytest.mark.slow  # about 100 s on 2 loaded cores: 4 runs of 100 steps, two of them 4 processes
