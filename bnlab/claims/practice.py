@@ -320,7 +320,8 @@ def published_lines(cells: list[CellResult]) -> list[str]:
 def rules_lines() -> list[str]:
     """The rules in words (rules.yaml), then their history."""
     words = [f"**{k}**: {' '.join(RULES.raw[k].split())}" for k in (
-        "cells", "measure", "bn_breaks", "flat", "fixes", "longer", "published")]
+        "cells", "measure", "bn_breaks", "flat", "fixes", "longer", "published", "doctor",
+        "doctor_change", "advice")]
     return ["## The rules", "", *[w + "\n" for w in words], *rules.history(RULES)]
 
 
