@@ -1,10 +1,13 @@
 """What bnlab measured about the fixes at the break, for the doctor's fix lines: read from
 bnlab/measured/advice.json, inside the package (an installed wheel carries it), which `make
 table-recover` writes from its runs, one entry per input once its cells have their seeds
-(bnlab/claims/recover/), and bnlab/measured/converge.json, which `make table-converge` writes
-from its runs 4x longer on one input. A line cites the measured input nearest to the user's
-model in values per channel per rank at its smallest BN layer, names it, and says where
-another input, or the longer runs, rank the fix differently. Nothing here types a result.
+(bnlab/claims/recover/); bnlab/measured/practice.json, which `make table-practice` writes
+(every fix at its best at 8 ranks x 2, global batch 16, in the same form); and
+bnlab/measured/converge.json, which `make table-converge` writes from its runs 4x longer on
+one input. A line cites the measured input nearest to the user's model in values per channel
+per rank at its smallest BN layer (table-practice's row first where it is as near as another,
+by that table's rule `advice`), names it and its table, and says where another input, or the
+longer runs, rank the fix differently. Nothing here types a result.
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ from bnlab.paths import MEASURED
 
 ADVICE = MEASURED / "advice.json"
 LONGER = MEASURED / "converge.json"  # one input trained 4x longer, as an advice.json input
+PRACTICE = MEASURED / "practice.json"  # make table-practice: its 8 x 2 row and thresholds' answer
 PUBLISHED = MEASURED / "published.json"  # others' measurements, each with its citation
 THRESHOLDS = MEASURED / "thresholds.json"  # make table-values: what it finds of the thresholds
 MEASURED_SIDE = 32  # every input bnlab measured its fixes on: CIFAR-10 images, 32 x 32 px
 IMAGENET_SIDE = 128  # an input this large or larger is taken for ImageNet-like
 TABLE = "make table-recover: experiments/recover/table.md in bnlab's repository"
+PRACTICE_SOURCE = "make table-practice: experiments/practice/table.md in bnlab's repository"
+RECOVER, PRACTICE_TABLE = "table-recover", "table-practice"  # an entry's `table`
 VALUES_TABLE = "make table-values: experiments/values/table.md in bnlab's repository"
 # no per-step communication (PreciseBN all-reduces once per recalibration), as table-recover
 FREE = ("gn", "gnws", "ln", "evonorm", "brn", "precise", "frozen_bn")
@@ -83,7 +89,8 @@ def lengths(entries: list[dict]) -> tuple[dict | None, dict | None]:
     """converge.json's entry and, among `entries`, table-recover's entry for the same input
     (its 10-epoch runs); (_, None) where either is missing."""
     long = longer()
-    return long, next((e for e in entries if long and e.get("input") == long["input"]), None)
+    return long, next((e for e in entries if long and e.get("input") == long["input"]
+                       and table_of(e) == RECOVER), None)
 
 
 def at_length(entry: dict) -> str:
@@ -91,23 +98,34 @@ def at_length(entry: dict) -> str:
     return f"on {entry['input']} trained {entry['epochs']} epochs"
 
 
+def table_of(entry: dict) -> str:
+    """The table an entry comes from: table-practice's row says so; advice.json's are
+    table-recover's."""
+    return entry.get("table", RECOVER)
+
+
 def read() -> list[dict]:
-    """Every measured input's entry in advice.json ({input, values, where, best, best_free,
-    fixes}); [] where it is missing or unreadable. A file of one input's entry (as written
-    before entries were per input) reads as that input."""
+    """Every measured entry ({input, values, where, best, best_free, fixes}): table-practice's
+    row first, then advice.json's inputs; [] where both are missing or unreadable. A file of
+    one input's entry (as written before entries were per input) reads as that input."""
+    practice = _json(PRACTICE) or {}
+    first = [practice] if "where" in practice and isinstance(practice.get("fixes"), dict) \
+        else []
     advice = _json(ADVICE)
     if advice is None:
-        return []
+        return first
     if "inputs" in advice:
-        return [e for e in advice["inputs"] if isinstance(e, dict) and "where" in e]
-    return [advice] if "where" in advice else []
+        return first + [e for e in advice["inputs"] if isinstance(e, dict) and "where" in e]
+    return first + ([advice] if "where" in advice else [])
 
 
 def nearest(entries: list[dict], values: int | None) -> tuple[dict, list[dict]]:
     """The entry whose values per channel at the break are nearest to `values` (on a log
-    scale: 2 is as far from 8 as 8 from 32), and the others; the first input where `values`
-    or an entry's own is unknown."""
+    scale: 2 is as far from 8 as 8 from 32), table-practice's where it is as near (its rule
+    `advice`), and the others; the first entry where `values` or an entry's own is unknown."""
     best = min(entries, key=lambda e: _distance(e, values)) if values else entries[0]
+    near = [best, *as_near([e for e in entries if e is not best], best, values)[0]]
+    best = next((e for e in near if table_of(e) == PRACTICE_TABLE), best)
     return best, [e for e in entries if e is not best]
 
 
@@ -131,28 +149,41 @@ def _nearest_said(here: dict, ties: list[dict], values: int | None, head, tie_he
     its first evidence: table-recover at each of those inputs, `line` of each."""
     return (f"{head(here)}, on {short(here)}"
             + "".join(f"; as near, {short(t)}: {tie_head(t)}" for t in ties)
-            + f"{EVIDENCE}table-recover at {cited(here, values)}: {line(here)}"
-            + "".join(f"{EVIDENCE}table-recover at {cited(t, values, tie=True)}: {line(t)}"
+            + f"{EVIDENCE}{table_of(here)} at {cited(here, values)}: {line(here)}"
+            + "".join(f"{EVIDENCE}{table_of(t)} at {cited(t, values, tie=True)}: {line(t)}"
                       for t in ties))
 
 
 def cited(entry: dict, values: int | None, tie: bool = False) -> str:
     """'4 ranks x 2 on resnet20 (CIFAR-10; 128 values per channel per rank at its smallest BN
-    layer, the measured input nearest to this model's 98)'."""
+    layer, the measured input nearest to this model's 98)'; table-practice's row also gives its
+    global batch and length ('CIFAR-10, global batch 16, 120 epochs; ...')."""
     if not entry.get("values"):
         return entry["where"]
+    data = "CIFAR-10" + (f", global batch {entry['global_batch']}, {entry['epochs']} epochs"
+                         if entry.get("global_batch") and entry.get("epochs") else "")
     why = f"{entry['values']} values per channel per rank at its smallest BN layer"
     if values:
         far = _distance(entry, values) > FAR
         why += (f" against this model's {values}: the nearest input measured, and far from it"
                 if far and not tie else f", as near to this model's {values} as the other"
                 if tie else f", the measured input nearest to this model's {values}")
-    return entry["where"].replace("(CIFAR-10)", f"(CIFAR-10; {why})")
+    return entry["where"].replace("(CIFAR-10)", f"({data}; {why})")
+
+
+def _input(entry: dict) -> tuple[str, str]:
+    """(its layout, its input): ('4 x 2', 'resnet20') from '4 ranks x 2 on resnet20
+    (CIFAR-10)'."""
+    layout, _, name = entry["where"].rpartition(" on ")
+    return layout.replace(" ranks", ""), name.replace(" (CIFAR-10)", "")
 
 
 def short(entry: dict) -> str:
-    """'resnet20 (128 values)': the input and its values per channel at the break."""
-    name = entry["where"].split(" on ", 1)[-1].replace(" (CIFAR-10)", "")
+    """'resnet20 (128 values)': the input and its values per channel at the break; its layout
+    too ('resnet20, 8 x 2 (128 values)') where another measured entry is on the same input."""
+    layout, name = _input(entry)
+    if layout and any(_input(e)[1] == name and _input(e)[0] != layout for e in read()):
+        name += f", {layout}"
     return f"{name} ({entry['values']} values)" if entry.get("values") else name
 
 
@@ -194,11 +225,14 @@ def lengthwise(fix: str, entries: list[dict]) -> str:
             f"{ten['fixes'][fix]['state']}), it differs: {said(long['fixes'][fix])}")
 
 
-def groups(fix: str, values: int | None = None) -> int | None:
-    """The group count table-recover ran `fix` at on the input nearest `values` (its pilot's
-    choice), or None where none is measured or the entry names none."""
+def groups(fix: str, values: int | None = None) -> tuple[int | None, str]:
+    """(the group count the nearest measured input ran `fix` at (its pilot's choice), the table
+    that ran it), or (None, "") where none is measured or the entry names none."""
     entries = [e for e in read() if fix in e.get("fixes", {})]
-    return nearest(entries, values)[0]["fixes"][fix].get("groups") if entries else None
+    if not entries:
+        return None, ""
+    here = nearest(entries, values)[0]
+    return here["fixes"][fix].get("groups"), table_of(here)
 
 
 def _free_line(entry: dict) -> str:
@@ -248,7 +282,13 @@ def without_communication(options: str = "the lines below are options",
             + _nearest_said(here, ties, values, _free_head, lambda t: _tie_head(t, here),
                             _free_line)
             + elsewhere(rest, differs, _free_line) + free_lengthwise(entries)
-            + f"{EVIDENCE}({TABLE})")
+            + f"{EVIDENCE}({'; '.join(sources([here, *ties]))})")
+
+
+def sources(entries: list[dict]) -> list[str]:
+    """Where each cited entry's table lives, once each, in the order cited."""
+    homes = {PRACTICE_TABLE: PRACTICE_SOURCE, RECOVER: TABLE}
+    return list(dict.fromkeys(homes[table_of(e)] for e in entries))
 
 
 def free_lengthwise(entries: list[dict]) -> str:
@@ -304,8 +344,12 @@ def thresholds_judged() -> str:
     that it has not judged them yet."""
     got = _json(THRESHOLDS) or {}
     at = [a for a in got.get("at", []) if isinstance(a, dict) and a.get("answer")]
+    practice = (_json(PRACTICE) or {}).get("thresholds")
+    also = "" if not isinstance(practice, dict) else (
+        f"; table-practice finds them {practice['answer']} at global batches "
+        f"{practice['global_batches']} ({practice['table']})")
     if not at:
-        return f"no table has judged them yet ({VALUES_TABLE})"
+        return f"no table has judged them yet ({VALUES_TABLE})" if not also else also[2:]
     return ("table-values finds them " + "; ".join(f"{a['answer']} at global batch "
                                                  f"{a['global_batch']}" for a in at)
-            + f" ({got['table']})")
+            + f" ({got['table']})" + also)

@@ -212,9 +212,9 @@ def recommend(layers: list[Layer], world: int, batch: int, min_values: int,
     tips.append(without_communication(values=low.per_rank))  # cites the nearest input
     channels = [layer.channels for layer in bns]
     g = max((g for g in range(1, 33) if all(c % g == 0 for c in channels)), default=1)
-    chosen = groups("gn", low.per_rank)  # what table-recover measured, its pilot's choice
+    chosen, by = groups("gn", low.per_rank)  # what the nearest table ran, its pilot's choice
     if chosen and all(c % chosen == 0 for c in channels):
-        head = (f"gn with groups={chosen} (table-recover's count; it "
+        head = (f"gn with groups={chosen} ({by}'s count; it "
                 "divides every BN layer's channels)")
     elif g > 1:
         head = f"gn with groups={g} (the most, up to 32, dividing all BN layers' channels)"

@@ -36,7 +36,7 @@ def test_resnet50_at_8_by_2_is_at_risk_in_every_layer_and_syncbn_4_fixes_it(caps
     assert r["recommendations"][1].startswith("without per-step communication")
     from bnlab import advice  # the group count table-recover measured gn at, where one is
 
-    measured = advice.groups("gn", low["per_rank"])
+    measured = advice.groups("gn", low["per_rank"])[0]
     assert f"gn with groups={measured or 32} " in r["recommendations"][2]
     code, r = _json(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
                     "--world", "8", "--batch-per-rank", "2", "--norm", "syncbn",
@@ -80,6 +80,7 @@ def test_the_thresholds_line_says_what_table_values_found_or_that_none_judged_th
     from bnlab import advice
 
     monkeypatch.setattr(advice, "THRESHOLDS", tmp_path / "thresholds.json")  # none yet
+    monkeypatch.setattr(advice, "PRACTICE", tmp_path / "practice.json")  # none yet
     at_4x2 = ("--model", "bnlab:resnet20", "--world", "4", "--batch-per-rank", "2")
     _, out, _ = _doctor(capsys, *at_4x2)
     assert "on CIFAR-10, no table has judged them yet (make table-values" in out
@@ -219,6 +220,7 @@ def test_the_fix_line_names_the_smallest_group_of_8_samples_and_cites_table_reco
     from bnlab import advice
 
     monkeypatch.setattr(advice, "ADVICE", tmp_path / "advice.json")
+    monkeypatch.setattr(advice, "PRACTICE", tmp_path / "practice.json")  # none unless written
     monkeypatch.setattr(advice, "LONGER", tmp_path / "converge.json")  # none yet
     code, r = _json(capsys, "--model", "torchvision:resnet18", "--input", "3x32x32",
                     "--world", "4", "--batch-per-rank", "2")
@@ -285,6 +287,7 @@ def two_inputs(tmp_path, monkeypatch):
     from bnlab import advice
 
     monkeypatch.setattr(advice, "ADVICE", tmp_path / "advice.json")
+    monkeypatch.setattr(advice, "PRACTICE", tmp_path / "practice.json")  # none unless written
     monkeypatch.setattr(advice, "LONGER", tmp_path / "converge.json")  # none yet
     _two_inputs(tmp_path / "advice.json")
 
@@ -326,6 +329,7 @@ def test_the_fix_lines_say_where_the_longer_runs_rank_a_fix_otherwise(
     from bnlab import advice
 
     monkeypatch.setattr(advice, "ADVICE", tmp_path / "advice.json")
+    monkeypatch.setattr(advice, "PRACTICE", tmp_path / "practice.json")  # none unless written
     monkeypatch.setattr(advice, "LONGER", tmp_path / "converge.json")
     _two_inputs(tmp_path / "advice.json")
     gn = {"fix": "gn", "name": "GroupNorm", "state": "partly", "gain": 3.0, "share": 0.4,
@@ -453,3 +457,39 @@ def test_two_inputs_about_as_near_are_both_cited(capsys, two_inputs):
         assert len(head.split()) <= 40
         assert sum(e.startswith("    table-recover at") for e in evidence) == 2
     assert "as near to this model's 16 as the other" in gn
+
+
+def test_table_practices_row_comes_first_where_it_is_as_near_as_table_recovers(
+        capsys, two_inputs, tmp_path):
+    """The README's example (resnet50 at 224 px, 8 x 2: 98 values in layer4) is as near
+    resnet20 at 8 x 2 (table-practice) as at 4 x 2 (table-recover), both 128 values: by
+    table-practice's rule `advice` its row comes first, named with its table, layout, global
+    batch and length, and table-recover's stays beside it; the gn line takes table-practice's
+    group count; the thresholds line adds what table-practice found (numbers made up)."""
+    gnws = {"fix": "gnws", "name": "GroupNorm + WS", "state": "recovers", "gain": 9.0,
+            "groups": 16, "share": 0.95, "lo": 0.8, "hi": 1.1}
+    (tmp_path / "practice.json").write_text(json.dumps({
+        "table": "table-practice", "input": "resnet20", "values": 128, "global_batch": 16,
+        "epochs": 120, "where": "8 ranks x 2 on resnet20 (CIFAR-10)", "best": gnws,
+        "best_free": gnws, "fixes": {"gnws": gnws, "gn": {**gnws, "fix": "gn",
+                                                          "name": "GroupNorm"}},
+        "thresholds": {"answer": "supported", "global_batches": "16 to 128", "table": "P"}}))
+    code, out, _ = _doctor(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
+                           "--world", "8", "--batch-per-rank", "2")
+    assert code == 1
+    free = next(line for line in out.splitlines()
+                if line.startswith("- without per-step communication"))
+    assert free == ("- without per-step communication: GroupNorm + WS (gnws) gets back 95% of "
+                    "BN's loss, recovers, on resnet20, 8 x 2 (128 values); as near, resnet20, "
+                    "4 x 2 (128 values): none did better than BN")
+    assert len(free.split()) <= 41  # the list's dash, then at most 40 words
+    assert ("    table-practice at 8 ranks x 2 on resnet20 (CIFAR-10, global batch 16, 120 "
+            "epochs; 128 values per channel per rank at its smallest BN layer, the measured "
+            "input nearest to this model's 98): GroupNorm + WS (gnws) gets back 95% of BN's "
+            "loss (95% CI 80 to 110): recovers") in out
+    assert "\n    table-recover at 4 ranks x 2 on resnet20 (CIFAR-10; 128 values" in out
+    assert "\n    on torchvision resnet18 at 32 px (2 values) it differs" in out
+    assert "(make table-practice: experiments/practice/table.md in bnlab's repository; make " \
+        "table-recover: experiments/recover/table.md in bnlab's repository)" in out
+    assert "- gn with groups=16 (table-practice's count; " in out
+    assert "; table-practice finds them supported at global batches 16 to 128 (P)" in out

@@ -21,9 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
+from bnlab.advice import FREE as COMMUNICATION_FREE
 from bnlab.claims import practicepilot
 from bnlab.claims.frompilot import write_from_pilot
+from bnlab.claims.recover.cells import groups_of
 from bnlab.claims.recover.cells import state as fix_state
+from bnlab.doctor import MIN_IMAGES, MIN_VALUES, at_risk
 from bnlab.errors import BnlabError
 from bnlab.lab import analysis, judge, page, rules, table
 from bnlab.lab.figures import nothing_yet, plt, save
@@ -205,6 +208,116 @@ def fix_at_two(cells: list[CellResult], c: CellResult) -> dict | None:
 
 
 # ----------------------------------------------------------------------------------------
+# The doctor's thresholds (rules `doctor`, `doctor_change`) and the advice row (`advice`)
+
+WHERE = f"{RANKS} ranks x 2 on resnet20 (CIFAR-10)"
+
+
+def bn_values(c: CellResult | None) -> int | None:
+    """The fewest values per channel per rank at the cell's smallest BN layer, from its runs'
+    run.json; None where no run recorded them."""
+    counts = [min(r.info["bn_values_per_channel"].values()) for r in (c.runs if c else [])
+              if r.info.get("bn_values_per_channel")]
+    return min(counts) if counts else None
+
+
+def doctor_judgment(cells: list[CellResult]) -> dict:
+    """The doctor's thresholds on bn's cells at 8, 4 and 2 images per rank (rules `doctor`):
+    {answer, rows: [{per_rank, values, state, flagged}], change}; `change` is what
+    `doctor_change` gives (a new MIN_IMAGES, or None where the thresholds stay)."""
+    states = bn_states(cells)
+    rows = []
+    for b in BATCHES[1:]:
+        v = bn_values(find(cells, "bn", b))
+        rows.append({"per_rank": b, "values": v, "state": states[b][1],
+                     "flagged": None if v is None else at_risk(b, v)})
+    if any(r["state"] not in ("breaks", "holds") or r["flagged"] is None for r in rows):
+        return {"answer": "undecided", "rows": rows, "change": None}
+    wrong = [r for r in rows if r["flagged"] != (r["state"] == "breaks")]
+    if not wrong:
+        return {"answer": "supported", "rows": rows, "change": None}
+    named = "; ".join(f"bn {r['state']} at {RANKS} x {r['per_rank']} ({r['per_rank']} images, "
+                      f"{r['values']} values), which the doctor "
+                      f"{'flags' if r['flagged'] else 'passes'}" for r in wrong)
+    breaking = [r["per_rank"] for r in rows if r["state"] == "breaks"]
+    holding = [r["per_rank"] for r in rows if r["state"] == "holds"]
+    separate = bool(holding) and (not breaking or max(breaking) < min(holding))
+    return {"answer": f"not supported ({named})", "rows": rows,
+            "change": min(holding) if separate else None}
+
+
+def doctor_lines(cells: list[CellResult]) -> list[str]:
+    """The page's section on the doctor's thresholds: each bn cell flagged or passed, the
+    answer, and what `doctor_change` gives."""
+    j = doctor_judgment(cells)
+    rows = [[f"{RANKS} x {r['per_rank']}", str(r["per_rank"]),
+             "-" if r["values"] is None else str(r["values"]), r["state"],
+             "-" if r["flagged"] is None else "flagged" if r["flagged"] else "passed"]
+            for r in j["rows"]]
+    if j["answer"] == "undecided":
+        then = "The thresholds stay until every bn cell has its state."
+    elif j["change"] is not None:
+        then = (f"By doctor_change, MIN_IMAGES becomes {j['change']} (the smallest per-rank "
+                "batch at which bn holds), in its own commit that names that rule.")
+    elif j["answer"] == "supported":
+        then = "The thresholds stay."
+    else:
+        then = ("bn's breaking and holding per-rank batches do not separate, so by "
+                "doctor_change the thresholds stay, and the doctor says they are not supported "
+                "here.")
+    return ["## The doctor's thresholds against bn's curve", "",
+            f"bnlab's doctor flags a BN layer below {MIN_IMAGES} images or {MIN_VALUES} values "
+            "per channel per rank (rules: doctor). Here, at resnet20's smallest BN layer:", "",
+            page.md_table(["bn", "images per rank", "values per channel per rank", "bn",
+                           "the doctor"], rows), "",
+            f"The thresholds: **{j['answer']}**. {then}", ""]
+
+
+def advice_row(data: Practice) -> dict | None:
+    """This table's row for the doctor (rules `advice`), in table-recover's form: every fix at
+    8 x 2 ({fix, name, state, gain, groups, share, lo, hi}), the best and the best without
+    per-step communication, the input and its values per channel; None until the reference, bn
+    at 8 x 2 and every fix there have their seeds."""
+    if data.runs is None:
+        return None
+    cells = data.runs.cells
+    at_two = [c for c in cells if c.cell.meta["per_rank"] == 2 and not c.cell.meta.get("longer")
+              and c.cell.meta["fix"] != "bn"]
+    ms = {c.cell.meta["fix"]: (c, fix_at_two(cells, c)) for c in at_two}
+    if not ms or any(m is None for _, m in ms.values()):
+        return None
+    fixes = {f: {"fix": f, "name": NAMES.get(f, f), "state": m["state"],
+                 "gain": m["gain"]["gap"], **groups_of(c),
+                 **({"share": m["share"][0], "lo": m["share"][1], "hi": m["share"][2]}
+                    if math.isfinite(m["share"][0]) else {})}
+             for f, (c, m) in ms.items()}
+    free = [f for f in fixes if f in COMMUNICATION_FREE]
+    gain = lambda f: fixes[f]["gain"]  # noqa: E731
+    return {"table": "table-practice", "input": "resnet20",
+            "values": bn_values(find(cells, "bn", 2)), "where": WHERE,
+            "global_batch": 2 * RANKS, "epochs": find(cells, "bn", 2).epochs,
+            "best": fixes[max(fixes, key=gain)],
+            "best_free": fixes[max(free, key=gain)] if free else None, "fixes": fixes}
+
+
+def advice(data: Practice, out: Path) -> None:
+    """practice.json for the doctor (bnlab.advice): the advice row once its cells have their
+    seeds, and what this table finds of the thresholds once bn's cells are judged; removed
+    while it has neither."""
+    path = table.measured_path(out, "practice", "practice.json")
+    row = advice_row(data)
+    j = doctor_judgment(data.runs.cells) if data.runs is not None else {"answer": "undecided"}
+    got = {**(row or {}), **({"thresholds": {
+        "answer": j["answer"], "global_batches": f"{2 * RANKS} to {BATCHES[0] * RANKS}",
+        "table": "make table-practice: experiments/practice/table.md in bnlab's repository"}}
+        if j["answer"] != "undecided" else {})}
+    if not got:
+        path.unlink(missing_ok=True)
+    else:
+        table.save_results(path, got)
+
+
+# ----------------------------------------------------------------------------------------
 # The page
 
 
@@ -277,7 +390,7 @@ def render(data: Practice) -> str:
         "interval over the seeds (only where bn breaks at 8 x 2).", "",
         page.md_table(["fix", "end acc (%)", "gap to 8 x 16", "gain over bn 8 x 2",
                        "share of bn's loss", "state"], frows), "",
-        *longer_lines(cells), *published_lines(cells),
+        *doctor_lines(cells), *longer_lines(cells), *published_lines(cells),
         "## Every cell: rate, length, steps and final train loss", "",
         page.md_table(["cell", "lr at 128", "epochs", "seeds", "steps per run",
                        "final train loss (mean)"], lrows), "",
@@ -389,4 +502,4 @@ def verdicts(data: Practice) -> list[Verdict]:
     return []  # its rules' states are on its page; the README's finding follows its runs
 
 
-TABLE = table.Table("practice", (), load, render, verdicts, plot, block="practice")
+TABLE = table.Table("practice", (), load, render, verdicts, plot, block="practice", also=advice)

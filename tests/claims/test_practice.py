@@ -4,6 +4,7 @@ figure build with and without runs."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -56,25 +57,29 @@ def test_the_spec_waits_for_every_pilot_choice(monkeypatch):
         practice.pilot_choices()
 
 
-def run(end: float, seed: int, epochs: int = 30) -> Run:
+def run(end: float, seed: int, epochs: int = 30, b: int = 2) -> Run:
     rows = [{"epoch": e, "val/acc": end if e > 0.9 * epochs else 20.0}
             for e in range(1, epochs + 1)]
     rows.append({"epoch": epochs, "train/loss": 1.0, "train_epoch/loss": 0.5})
     return Run(Path(f"/nowhere/{end}/{seed}"), "completed", rows,
-               info={"steps_per_epoch": 40}, seed=seed)
+               info={"steps_per_epoch": 40,  # resnet20's last stage: 8 x 8 values an image
+                     "bn_values_per_channel": {"layers.0.bn1": 1024 * b,
+                                               "layers.8.bn2": 64 * b}}, seed=seed)
 
 
 def cell(fix: str, b: int, ends: list[float], longer: bool = False) -> CellResult:
-    c = Cell(f"{fix} 8x{b}" + (" longer" if longer else ""), [], [0, 1, 2],
+    c = Cell(f"{fix} 8x{b}" + (" longer" if longer else ""),
+             ["norm.groups=8"] if fix in practice.FREE else [], [0, 1, 2],
              cfg={"epochs": 30}, meta={"fix": fix, "per_rank": b, "lr": 0.1, "longer": longer})
-    return CellResult(c, [run(a, s) for s, a in enumerate(ends)], 3)
+    return CellResult(c, [run(a, s, b=b) for s, a in enumerate(ends)], 3)
 
 
-def made_up() -> list[CellResult]:
-    """bn loses 1, 3 and 10 points below 16 per rank; gn sits 2 points under bn at 16 and
-    stays there; gnws drops 5 at 2; syncbn4 gets most of bn's loss back, frozen BN none."""
+def made_up(lost_at: tuple[float, float, float] = (0.4, 3.0, 10.0)) -> list[CellResult]:
+    """bn loses (by default) 0.4, 3 and 10 points at 8, 4 and 2 per rank; gn sits 2 points
+    under bn at 16 and stays there; gnws drops 5 at 2; syncbn4 gets most of bn's loss back,
+    frozen BN none."""
     cells = [cell("bn", 16, [80.0, 81.0, 79.5])]
-    for b, lost in ((8, 0.4), (4, 3.0), (2, 10.0)):
+    for b, lost in zip((8, 4, 2), lost_at, strict=True):
         cells.append(cell("bn", b, [80.0 - lost, 81.3 - lost, 79.2 - lost]))
     for b in practice.BATCHES:
         cells.append(cell("gn", b, [78.0, 79.1, 77.4]))
@@ -114,3 +119,38 @@ def test_the_page_and_figure_build_from_runs_and_before_any(spec, tmp_path):
     assert (tmp_path / "practice.png").stat().st_size > 10_000
     waiting = practice.Practice(None, "its spec is to come")
     assert "No runs yet: its spec is to come." in practice.render(waiting)
+
+
+def test_the_doctors_thresholds_are_judged_on_bns_cells_below_the_reference():
+    j = practice.doctor_judgment(made_up())  # bn holds at 8, breaks at 4 and 2
+    assert [(r["per_rank"], r["values"], r["state"], r["flagged"]) for r in j["rows"]] == [
+        (8, 512, "holds", False), (4, 256, "breaks", True), (2, 128, "breaks", True)]
+    assert j["answer"] == "supported" and j["change"] is None
+    early = practice.doctor_judgment(made_up((3.0, 3.0, 10.0)))  # breaks at 8: passed there
+    assert early["answer"] == ("not supported (bn breaks at 8 x 8 (8 images, 512 values), "
+                               "which the doctor passes)")
+    assert early["change"] is None  # no per-rank batch holds: nothing to move the threshold to
+    late = practice.doctor_judgment(made_up((0.4, 0.4, 10.0)))  # holds at 4: flagged there
+    assert late["answer"].startswith("not supported (bn holds at 8 x 4") and late["change"] == 4
+    waiting = [c for c in made_up() if c.cell.label != "bn 8x4"] + [cell("bn", 4, [77.0, 78.3])]
+    assert practice.doctor_judgment(waiting)["answer"] == "undecided"  # a seed still to come
+
+
+def test_the_advice_row_has_every_fix_at_8x2_in_table_recovers_form(spec, tmp_path):
+    d = practice.Practice(RunsData(spec, made_up(), "cifar10-5085", tmp_path, tmp_path))
+    row = practice.advice_row(d)
+    assert row["table"] == "table-practice" and row["values"] == 128
+    assert row["where"] == "8 ranks x 2 on resnet20 (CIFAR-10)" and row["global_batch"] == 16
+    assert set(row["fixes"]) == {"gn", "gnws", "syncbn4", "frozen_bn"}
+    assert row["best"]["fix"] == "syncbn4" and row["best_free"]["fix"] == "gn"
+    assert row["fixes"]["gn"]["groups"] == 8 and row["fixes"]["syncbn4"]["state"] == "recovers"
+    practice.advice(d, tmp_path)  # built outside experiments/practice: beside the table
+    got = json.loads((tmp_path / "practice.json").read_text())
+    assert got["fixes"] == json.loads(json.dumps(row["fixes"]))
+    assert got["thresholds"]["answer"] == "supported"
+    assert got["thresholds"]["global_batches"] == "16 to 128"
+    waiting = practice.Practice(RunsData(spec, made_up()[:3], "cifar10-5085", tmp_path,
+                                         tmp_path))
+    assert practice.advice_row(waiting) is None
+    practice.advice(waiting, tmp_path)
+    assert not (tmp_path / "practice.json").exists()
