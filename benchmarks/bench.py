@@ -306,12 +306,21 @@ def threads_and_sweep(b: Bench) -> None:
 
 
 def compile_speedup(b: Bench) -> None:
-    """torch.compile (inductor) on the bare loop: step time and compile time."""
+    """torch.compile (inductor) on the bare loop (step time and compile time), and the
+    trainer's `compile=true` against its eager step."""
     steps = b.n(60, 20)
     eager, t0_e = m.bare_step_s("resnet18", 8, steps, 10)
     comp, t0_c = m.bare_step_s("resnet18", 8, steps, 10, compile_model=True)
     b.row("compile", "torch.compile, resnet18, 8 images", m.median(comp), "s/step",
           m.median(eager), "eager", note=f"first step {t0_c:.1f} s vs {t0_e:.2f} s eager")
+    for kind in ("bn", "brn"):  # brn: its ramp moves every step, and must not recompile
+        on = ["dist.simulate=4", f"norm={kind}"]
+        ref = m.trainer_step_s("resnet20", 2, b.n(120, 40), b.n(20, 10), on, threads=1)
+        comp = m.trainer_step_s("resnet20", 2, b.n(120, 40), b.n(20, 10), [*on, "compile=true"],
+                                threads=1)
+        b.row("compile", f"train.py compile=true, resnet20, {kind}, 4 simulated ranks x 2",
+              m.median(comp), "s/step", m.median(ref), "compile=false",
+              note="the trainer's own step, 1 thread; the first interval (compiling) dropped")
 
 
 def channels_last(b: Bench) -> None:

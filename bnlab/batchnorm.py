@@ -14,7 +14,6 @@ import copy
 import torch
 import torch.distributed as tdist
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from bnlab.compat import BN_TAKES_BIAS, bias_kw, drop_bias
@@ -50,10 +49,9 @@ class RankBatchNorm(_BatchNorm):
     """BatchNorm whose batch statistics come from one rank, a group of ranks, or the naive mix.
 
     Takes inputs of any rank from 2 on (N, C, ...), as torch's SyncBatchNorm does. In a real
-    process group the statistics are exchanged with collectives. Under the single-process
-    simulation of W ranks (`simulate(W)`), the batch holds all W ranks' samples in rank order
-    and the layer keeps W sets of running statistics; `running_mean` and `running_var` then
-    mirror rank 0's, as a DDP checkpoint would.
+    process group the statistics are exchanged with collectives. It holds what torch's
+    BatchNorm holds; the single-process simulation of W ranks (bnlab.simulate) turns it into
+    its own layer, which keeps the W ranks' running statistics.
     """
 
     def __init__(self, num_features: int, sync: str = "none", sync_group: int = 0,
@@ -78,7 +76,6 @@ class RankBatchNorm(_BatchNorm):
                 "bnlab builds them.")
         self.sync, self.sync_group, self.impl = sync, sync_group, impl
         self.process_group = process_group  # the ranks that share statistics (any ranks)
-        self.sim_world = 1
         self.reverts_to: type[_BatchNorm] = nn.BatchNorm2d  # the class `revert` gives back
 
     def _check_input_dim(self, x: torch.Tensor) -> None:
@@ -120,86 +117,12 @@ class RankBatchNorm(_BatchNorm):
             return 1.0 / float(self.num_batches_tracked)
         return self.momentum
 
-    # -- simulation -------------------------------------------------------------------------
-
-    def simulate(self, world: int) -> None:
-        """Stand in for `world` ranks: one set of running statistics per simulated rank."""
-        self.sim_world = world
-        if self.track_running_stats:
-            self.register_buffer("sim_running_mean", self.running_mean.repeat(world))
-            self.register_buffer("sim_running_var", self.running_var.repeat(world))
-
-    def rank_stats(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Running (mean, var) of one simulated rank."""
-        c = self.num_features
-        if self.sim_world == 1:
-            return self.running_mean, self.running_var
-        return (self.sim_running_mean.view(-1, c)[rank], self.sim_running_var.view(-1, c)[rank])
-
-    def sync_rank_buffers_from_rank0(self) -> None:
-        """What DDP's forward buffer sync does: every rank takes rank 0's buffers."""
-        if not self.track_running_stats:  # nothing to sync; the forward says why it refuses
-            return
-        c = self.num_features
-        for buf in (self.sim_running_mean, self.sim_running_var):
-            b = buf.view(-1, c)
-            b[1:] = b[0]
-
     def group_size(self, world: int) -> int:
         if self.sync == "none":
             return 1
         if self.process_group is not None:
             return tdist.get_world_size(self.process_group)
         return group_ranks(world, self.sync_group)
-
-    def _forward_simulated(self, x: torch.Tensor) -> torch.Tensor:
-        w, c = self.sim_world, self.num_features
-        if x.shape[0] % w:
-            raise BnlabError(f"a simulated batch of {x.shape[0]} does not split into {w} ranks.")
-        if not self.track_running_stats:
-            raise BnlabError("the simulation of ranks needs BN layers that track running "
-                             "statistics (track_running_stats=True).")
-        if self.process_group is not None:
-            raise BnlabError("a layer given a process_group syncs across real processes; the "
-                             "simulation groups ranks by sync_group instead.")
-        k = self.group_size(w)
-        g, b, rest = w // k, x.shape[0] // w, x.shape[2:]
-        rm, rv = self.sim_running_mean.view(w, c), self.sim_running_var.view(w, c)
-        factor = self._ema_factor()
-        if self.sync == "naive":
-            y = self._naive_simulated(x, w, k, rm, rv, factor)
-        else:
-            # Groups of k consecutive ranks share statistics: lay the G groups side by side
-            # as G*C channels and let one BN kernel normalize each group on its own.
-            xs = x.view(g, k * b, c, *rest).transpose(0, 1).reshape(k * b, g * c, *rest)
-            grm, grv = rm[::k].reshape(-1).clone(), rv[::k].reshape(-1).clone()
-            weight = self.weight.repeat(g) if self.weight is not None else None
-            bias = self.bias.repeat(g) if self.bias is not None else None
-            ys = F.batch_norm(xs, grm, grv, weight, bias, True, factor, self.eps)
-            y = ys.view(k * b, g, c, *rest).transpose(0, 1).reshape(x.shape)
-            rm.view(g, k, c).copy_(grm.view(g, 1, c).expand(g, k, c))
-            rv.view(g, k, c).copy_(grv.view(g, 1, c).expand(g, k, c))
-        self.running_mean.copy_(rm[0])
-        self.running_var.copy_(rv[0])
-        return y
-
-    def _naive_simulated(self, x, w, k, rm, rv, factor) -> torch.Tensor:
-        c, g = self.num_features, w // k
-        xs = in_stats_dtype(x).view(w, x.shape[0] // w, c, -1)  # (rank, sample, channel, pixels)
-        mean_r = xs.mean((1, 3))
-        var_r = xs.var((1, 3), unbiased=False)
-        n = xs.shape[1] * xs.shape[3]
-        gm = mean_r.view(g, k, c).mean(1).repeat_interleave(k, 0)  # (w, c): each rank's group
-        gv = var_r.view(g, k, c).mean(1).repeat_interleave(k, 0)
-        with torch.no_grad():
-            rm.mul_(1 - factor).add_(gm, alpha=factor)
-            rv.mul_(1 - factor).add_(gv * n / max(n - 1, 1), alpha=factor)
-        xhat = (xs - gm[:, None, :, None]) * torch.rsqrt(gv + self.eps)[:, None, :, None]
-        if self.weight is not None:
-            xhat = xhat * self.weight.to(xs.dtype)[:, None]
-        if self.bias is not None:
-            xhat = xhat + self.bias.to(xs.dtype)[:, None]
-        return xhat.reshape(x.shape).to(x.dtype)
 
     # -- forward ------------------------------------------------------------------------------
 
@@ -208,8 +131,10 @@ class RankBatchNorm(_BatchNorm):
         # class after this one, and its forward would apply the activation a second time
         if not self.training:  # running statistics, or the batch's own where none are kept
             return _BatchNorm.forward(self, x)
-        if self.sim_world > 1:
-            return self._forward_simulated(x)
+        return self.forward_train(x)
+
+    def forward_train(self, x: torch.Tensor) -> torch.Tensor:
+        """The training step's normalization (bnlab.simulate's layer has its own)."""
         if self.sync == "none" or not (tdist.is_initialized() and tdist.get_world_size() > 1):
             return _BatchNorm.forward(self, x)
         _check_dims(x)
@@ -257,8 +182,8 @@ class BatchRenorm(RankBatchNorm):
     plain BN that evaluates the same. r_max and d_max start at 1 and 0 (plain BN) and ramp
     linearly to their values after `hold_steps` training batches, over `r_ramp_steps` and
     `d_ramp_steps` (the paper's ImageNet schedule by default); the layer counts its batches in
-    `num_batches_tracked`. Under the simulation each simulated rank renormalizes its own batch
-    against its own running statistics.
+    `num_batches_tracked`. Under the simulation (bnlab.simulate) each simulated rank
+    renormalizes its own batch against its own running statistics (`renormalize`).
     """
 
     def __init__(self, num_features: int, r_max: float = 3.0, d_max: float = 5.0,
@@ -307,22 +232,25 @@ class BatchRenorm(RankBatchNorm):
         return (1 + (self.r_max - 1) * share(self.r_ramp_steps),
                 self.d_max * share(self.d_ramp_steps))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training:
-            return _BatchNorm.forward(self, x)
+    def forward_train(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.num_features
+        return self.renormalize(x, lambda: (self.running_mean.view(1, c),
+                                            self.running_var.view(1, c)))
+
+    def renormalize(self, x: torch.Tensor, running) -> torch.Tensor:
+        """The training step on a batch of W ranks' samples in rank order, each rank against
+        its own running statistics: `running()` gives them as (W, C) views, updated in place
+        (W = 1 here; bnlab.simulate's layer passes its W ranks')."""
         _check_dims(x)
         if not self.track_running_stats:
             raise BnlabError("norm=brn needs layers that track running statistics "
                              "(track_running_stats=True): r and d are measured against them.")
-        w, c = self.sim_world, self.num_features
+        rm, rv = running()
+        w, c = rm.shape[0], self.num_features
         if x.shape[0] % w:
             raise BnlabError(f"a simulated batch of {x.shape[0]} does not split into {w} ranks.")
         r_max, d_max = self.limits()
         factor = self._ema_factor()
-        if w > 1:
-            rm, rv = self.sim_running_mean.view(w, c), self.sim_running_var.view(w, c)
-        else:
-            rm, rv = self.running_mean.view(1, c), self.running_var.view(1, c)
         xs = in_stats_dtype(x).reshape(w, x.shape[0] // w, c, -1)  # rank, sample, channel, px
         mean = xs.mean((1, 3))                                        # (w, c)
         std = (xs.var((1, 3), unbiased=False) + self.eps).sqrt()
@@ -340,9 +268,6 @@ class BatchRenorm(RankBatchNorm):
             xhat = xhat * self.weight.to(xs.dtype)[:, None]
         if self.bias is not None:
             xhat = xhat + self.bias.to(xs.dtype)[:, None]
-        if w > 1:
-            self.running_mean.copy_(rm[0])
-            self.running_var.copy_(rv[0])
         return xhat.reshape(x.shape).to(x.dtype)
 
 

@@ -21,16 +21,15 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from bnlab.errors import BnlabError
+from bnlab.simulate import SimulatedRanks
 
 BN_SYNC_MODES = ("none", "broadcast", "reduce", "pooled")
 
 
 def _rank_stats(bn: _BatchNorm) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """(W, C) running means and variances of every rank, and whether they are simulated."""
-    world = getattr(bn, "sim_world", 1)
-    if world > 1:
-        c = bn.num_features
-        return bn.sim_running_mean.view(world, c), bn.sim_running_var.view(world, c), True
+    if isinstance(bn, SimulatedRanks):
+        return (*bn.ranks_running(), True)
     if tdist.is_initialized() and tdist.get_world_size() > 1:
         w = tdist.get_world_size()
         packed = torch.cat([bn.running_mean, bn.running_var]).double()
@@ -90,8 +89,7 @@ def sync_bn_stats(model: nn.Module, mode: str = "pooled") -> dict[str, float]:
         m.running_mean.copy_(new_mean.to(m.running_mean.dtype))
         m.running_var.copy_(new_var.to(m.running_var.dtype))
         if simulated:
-            means.copy_(m.running_mean.expand_as(means))
-            variances.copy_(m.running_var.expand_as(variances))
+            m.take_running()
     if not gaps:
         return {}
     return {"bn_sync/reduce_var_gap": sum(gaps) / len(gaps),

@@ -39,9 +39,9 @@ def load(path: Path, map_location="cpu") -> dict:
 
 def model_state(state: dict) -> dict:
     """A saved model's state dict as the bare model takes it: without DDP's `module.` prefix
-    and without the simulated ranks' extra buffers (`sim_running_mean`, ...)."""
-    return {k.removeprefix("module."): v for k, v in state.items()
-            if ".sim_" not in k and not k.startswith("sim_")}
+    (a simulated run's state dict is the bare model's already: bnlab.simulate keeps its ranks'
+    statistics out of it)."""
+    return {k.removeprefix("module."): v for k, v in state.items()}
 
 
 def require(run_dir: Path, target: str) -> None:

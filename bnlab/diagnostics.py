@@ -20,6 +20,7 @@ from bnlab.bn_sync import reduce_var_gap
 from bnlab.data import Dataset, val_batches
 from bnlab.jitter import MISSING
 from bnlab.metrics import Meter
+from bnlab.simulate import rank_stats, world_of
 
 EPS = 1e-5
 
@@ -37,9 +38,9 @@ def rank_running_stats(model: nn.Module, env: dist.DistEnv) -> list[dict[str, tu
     layers = _bns(model)
     if not layers:
         return []
-    world = layers[0][1].sim_world
+    world = world_of(layers[0][1])
     if world > 1:
-        return [{n: tuple(t.clone() for t in m.rank_stats(r)) for n, m in layers}
+        return [{n: tuple(t.clone() for t in rank_stats(m, r)) for n, m in layers}
                 for r in range(world)]
     return gather_running_stats(layers, env.world if env.distributed else 1)
 
@@ -112,9 +113,9 @@ class GapProbe:
             if not mod.training:
                 return
             x = inp[0].detach()
-            x = x[: x.shape[0] // mod.sim_world].float()
+            x = x[: x.shape[0] // world_of(mod)].float()
             bm, bv = x.mean((0, 2, 3)), x.var((0, 2, 3), unbiased=False)
-            rm, rv = (t.float() for t in mod.rank_stats(0))
+            rm, rv = (t.float() for t in rank_stats(mod, 0))
             self.gaps[f"bn/gap_mean/{name}"] = ((bm - rm).abs() / (rv + EPS).sqrt()).max().item()
             self.gaps[f"bn/gap_logvar/{name}"] = ((bv + EPS).log() - (rv + EPS).log()) \
                 .abs().max().item()

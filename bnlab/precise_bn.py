@@ -32,6 +32,7 @@ from tqdm import tqdm
 from bnlab import dist
 from bnlab.batchnorm import BatchNormXd, RankBatchNorm, restore_modes, save_modes
 from bnlab.errors import BnlabError
+from bnlab.simulate import SimulatedRanks
 from bnlab.syncbn import in_stats_dtype
 
 ESTIMATORS = ("train", "eval")
@@ -142,9 +143,8 @@ def set_running_stats(bn: _BatchNorm, mean: torch.Tensor, var: torch.Tensor) -> 
     """Overwrite a BN layer's running statistics (every simulated rank's too)."""
     bn.running_mean.copy_(mean.to(bn.running_mean.dtype))
     bn.running_var.copy_(var.to(bn.running_var.dtype))
-    if getattr(bn, "sim_world", 1) > 1:  # simulated ranks all hold the reduced statistics
-        bn.sim_running_mean.copy_(bn.running_mean.repeat(bn.sim_world))
-        bn.sim_running_var.copy_(bn.running_var.repeat(bn.sim_world))
+    if isinstance(bn, SimulatedRanks):  # simulated ranks all hold the reduced statistics
+        bn.take_running()
 
 
 @torch.no_grad()

@@ -12,6 +12,7 @@ from bnlab import dist
 from bnlab.batchnorm import RankBatchNorm
 from bnlab.errors import BnlabError
 from bnlab.metrics import read_jsonl
+from bnlab.simulate import simulate
 from conftest import SMOKE, needs_cifar, run_dirs, run_here
 
 W, C = 4, 3
@@ -32,11 +33,10 @@ def _expected(mode: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _simulated() -> RankBatchNorm:
-    bn = RankBatchNorm(C)
-    bn.simulate(W)
+    bn = simulate(RankBatchNorm(C), W)
     means, variances = _rank_stats()
-    bn.sim_running_mean.copy_(means.reshape(-1))
-    bn.sim_running_var.copy_(variances.reshape(-1))
+    bn.ranks_running()[0].copy_(means)
+    bn.ranks_running()[1].copy_(variances)
     bn.running_mean.copy_(means[0])
     bn.running_var.copy_(variances[0])
     return bn

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from bnlab.batchnorm import RankBatchNorm
 from bnlab.norms import convert
-from bnlab.simulate import SimulatedDDP
+from bnlab.simulate import SimulatedDDP, simulate
 from bnlab.syncbn import sync_batch_norm, syncbn_impl, torch_sync_batch_norm
 from conftest import SMOKE, needs_cifar, run_dirs, run_entry
 
@@ -114,8 +114,7 @@ def test_the_simulations_grouped_statistics_on_cuda_equal_bn_per_group():
     normalized by torch's BN on that group's concatenation."""
     torch.manual_seed(2)
     x = torch.randn(8, 4, 5, 5, device="cuda")
-    layer = RankBatchNorm(4, sync="exact", sync_group=2).cuda()
-    layer.simulate(4)
+    layer = simulate(RankBatchNorm(4, sync="exact", sync_group=2).cuda(), 4)
     y = layer(x)
     for g in range(2):
         part = x[4 * g:4 * (g + 1)]

@@ -104,7 +104,7 @@ def test_train_mode_accuracy_in_one_pass_equals_one_batch_at_a_time():
         ref, meter = copy.deepcopy(model).train(), []  # plain train mode, one batch at a time
         for bn in ref.modules():
             if isinstance(bn, RankBatchNorm):
-                bn.sync, bn.sim_world = "none", 1
+                bn.sync = "none"
         with torch.no_grad():
             for x, y in val_batches(data, val, env.device, batch, 1, 0):
                 if x.shape[0] > 1:

@@ -66,7 +66,7 @@ def _train(cfg: dict, env: dist.DistEnv, world: int) -> nn.Module:
 
 def _state(model: nn.Module) -> dict:
     return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()
-            if "sim_running_" not in k and "num_batches" not in k}
+            if "num_batches" not in k}
 
 
 def _real_worker(world: int) -> list[dict]:
@@ -133,3 +133,44 @@ def test_converting_after_ddp_wrapping_is_refused(tmp_path):
             convert(ddp, "syncbn")
     finally:
         torch.distributed.destroy_process_group()
+
+
+def test_the_simulated_ranks_statistics_live_in_the_simulations_layers_alone():
+    """A converted model holds what torch's holds; SimulatedDDP turns its layers into their
+    simulated layers (still nn.BatchNorm2d and the same kind), whose W ranks' statistics are
+    buffers outside the state dict: the state dict's keys stay the bare model's, each rank's
+    statistics travel with the buffers a resume restores, and a checkpoint written before
+    (its state dict held them too) still resumes."""
+    from bnlab.batchnorm import RankBatchNorm
+    from bnlab.resume import rank_state, restore
+    from bnlab.simulate import SimulatedDDP, SimulatedRanks
+
+    torch.manual_seed(0)
+    model = convert(build_model("resnet20"), "bn")
+    keys = list(model.state_dict())
+    assert not [n for n, _ in model.named_buffers() if "sim_" in n]
+    net = SimulatedDDP(model, 4)
+    bns = [m for m in model.modules() if isinstance(m, RankBatchNorm)]
+    assert bns and all(isinstance(m, SimulatedRanks) and isinstance(m, nn.BatchNorm2d)
+                       and m.kind == "bn" for m in bns)
+    net.train()
+    net(torch.randn(8, 3, 32, 32)).sum().backward()
+    assert list(model.state_dict()) == keys
+    assert list(net.state_dict()) == [f"module.{k}" for k in keys]
+    first = bns[0]
+    assert not torch.equal(first.rank_stats(0)[0], first.rank_stats(1)[0])  # own batches
+    assert torch.equal(first.running_mean, first.rank_stats(0)[0])  # rank 0's, as DDP saves
+    env = dist.DistEnv(0, 1, 0, torch.device("cpu"), None)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    old = {**net.state_dict(), **{f"module.{n}": b for n, b in model.named_buffers()
+                                  if "sim_running" in n}}  # as written before
+    for written in (net.state_dict(), old):
+        ckpt = {"resume": {"ranks": rank_state(net, [], env), "model": written, "epoch": 1,
+                           "step_in_epoch": 0}, "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(), "step": 5}
+        again = SimulatedDDP(convert(build_model("resnet20"), "bn"), 4)
+        assert restore(ckpt, again, opt, sched, [], env) == (1, 0, 5)
+        layer = next(m for m in again.module.modules() if isinstance(m, RankBatchNorm))
+        for r in range(4):
+            assert torch.equal(layer.rank_stats(r)[1], first.rank_stats(r)[1])
