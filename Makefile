@@ -13,7 +13,7 @@ export BNLAB_TEST_DATA ?= $(abspath ../shared/data/cifar10-mini)
 .DEFAULT_GOAL := help
 .PHONY: help install test test-gpu gpu-check test-slurm test-slow lint demo bench perf-doc clean table-jitter table-batch table-ranks \
 	tables report table-pitfalls figure-losslog table-evalmode table-rankstats table-sync \
-	table-precisebn layout table-lrpilot table-recoverpilot table-practicepilot table-practice table-recover table-converge table-plateau table-decompose table-pilot table-lr table-fixes table-values
+	table-precisebn layout table-lrpilot table-recoverpilot table-practicepilot table-practice table-recover table-converge table-plateau table-decompose table-pilot table-lr table-fixes table-values table-bf16ddp
 JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 # make table-X runs bnlab/claims/X.py: its sweep (DATA, JOBS, RUNS), what it measures, experiments/X/
 # LAUNCH: where the sweep's runs go (default this machine), e.g. LAUNCH="--launcher slurm
@@ -106,6 +106,9 @@ table-converge: install ## does table-recover's ranking hold 4x longer? resnet20
 
 table-values: install ## where BN breaks: accuracy and jitter against values per channel (hours) -> experiments/values/
 	$(CLAIMS) values
+
+table-bf16ddp: install ## table-values' CUDA bf16 divergence re-run on this CPU: the simulation against real gloo DDP (about 1.5 h) -> experiments/bf16ddp/
+	$(CLAIMS) bf16ddp
 
 table-plateau: install ## history: the first headline protocol (lr 0.1): detrended jitter, floors, 5 seeds -> experiments/plateau/
 	$(CLAIMS) plateau

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from bnlab.claims import (
     batch,
+    bf16ddp,
     converge,
     decompose,
     evalmode,
@@ -39,7 +40,8 @@ from bnlab.lab import make, table
 
 TABLES: dict[str, table.Table] = {m.TABLE.name: m.TABLE for m in (
     jitter, batch, ranks, evalmode, rankstats, sync, precisebn, losslog, pitfalls, lrpilot, plateau,
-    decompose, pilot, lr, fixes, values, recoverpilot, recover, converge, practicepilot, practice)}
+    decompose, pilot, lr, fixes, values, bf16ddp, recoverpilot, recover, converge, practicepilot,
+    practice)}
 
 
 def main(argv: list[str] | None = None) -> int:
