@@ -147,9 +147,10 @@ def _nearest_said(here: dict, ties: list[dict], values: int | None, head, tie_he
                   line) -> str:
     """A fix line's sentence (`head` of the nearest input, `tie_head` of each as near) and
     its first evidence: table-recover at each of those inputs, `line` of each."""
+    behind = any(_distance(t, values) < _distance(here, values) for t in ties)  # promoted
     return (f"{head(here)}, on {short(here)}"
             + "".join(f"; as near, {short(t)}: {tie_head(t)}" for t in ties)
-            + f"{EVIDENCE}{table_of(here)} at {cited(here, values)}: {line(here)}"
+            + f"{EVIDENCE}{table_of(here)} at {cited(here, values, tie=behind)}: {line(here)}"
             + "".join(f"{EVIDENCE}{table_of(t)} at {cited(t, values, tie=True)}: {line(t)}"
                       for t in ties))
 
@@ -282,7 +283,7 @@ def without_communication(options: str = "the lines below are options",
             + _nearest_said(here, ties, values, _free_head, lambda t: _tie_head(t, here),
                             _free_line)
             + elsewhere(rest, differs, _free_line) + free_lengthwise(entries)
-            + f"{EVIDENCE}({'; '.join(sources([here, *ties]))})")
+            + f"{EVIDENCE}({'; '.join(sources([here, *ties, *filter(differs, rest)]))})")
 
 
 def sources(entries: list[dict]) -> list[str]:

@@ -279,20 +279,20 @@ class BatchRenorm(RankBatchNorm):
 # rank, so a layer converted from it is the base class alone.
 
 PLAIN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-_TYPED: dict[tuple[type, type], type] = {}
+TYPED: dict[tuple[type, type], type] = {}  # (base, torch's class) -> the typed class
 for _base in (RankBatchNorm, FrozenBatchNorm, BatchRenorm):
     for _plain in PLAIN:
         _name = _base.__name__ + _plain.__name__.removeprefix("BatchNorm")  # RankBatchNorm2d
-        _TYPED[_base, _plain] = type(_name, (_base, _plain), {
+        TYPED[_base, _plain] = type(_name, (_base, _plain), {
             "__module__": __name__, "__qualname__": _name,
             "__doc__": f"{_base.__name__} that is also an nn.{_plain.__name__}."})
-        globals()[_name] = _TYPED[_base, _plain]  # importable, and so picklable
+        globals()[_name] = TYPED[_base, _plain]  # importable, and so picklable
 
 
 def typed(base: type[RankBatchNorm], plain: type[_BatchNorm]) -> type[RankBatchNorm]:
     """`base` made an instance of `plain` too (RankBatchNorm, nn.BatchNorm2d ->
     RankBatchNorm2d); `base` itself where `plain` is not one of torch's 1d, 2d or 3d BN."""
-    return _TYPED.get((base, plain), base)
+    return TYPED.get((base, plain), base)
 
 
 def set_run_length(model: nn.Module, total_steps: int) -> dict | None:

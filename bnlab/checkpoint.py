@@ -37,11 +37,22 @@ def load(path: Path, map_location="cpu") -> dict:
         ) from None
 
 
+# A state dict saved before bnlab.simulate kept its ranks' statistics out of it holds them
+# under these names too: they are not the model's (a resume brings them back from its ranks'
+# buffers), and `current` leaves them out.
+OLD_SIM = (".sim_running_mean", ".sim_running_var")
+
+
+def current(state: dict) -> dict:
+    """A state dict as this bnlab saves it: an old one without its OLD_SIM entries."""
+    return {k: v for k, v in state.items() if not k.endswith(OLD_SIM)}
+
+
 def model_state(state: dict) -> dict:
     """A saved model's state dict as the bare model takes it: without DDP's `module.` prefix
     (a simulated run's state dict is the bare model's already: bnlab.simulate keeps its ranks'
-    statistics out of it)."""
-    return {k.removeprefix("module."): v for k, v in state.items()}
+    statistics out of it; an old one's are left out by `current`)."""
+    return {k.removeprefix("module."): v for k, v in current(state).items()}
 
 
 def require(run_dir: Path, target: str) -> None:

@@ -112,11 +112,6 @@ def rank_state(model: nn.Module, meters: list[Meter], env: dist.DistEnv) -> list
     return out
 
 
-# A checkpoint written before bnlab.simulate kept its ranks' statistics out of the state dict
-# holds them there as well as in its ranks' buffers: these keys come back through the latter.
-OLD_SIM = (".sim_running_mean", ".sim_running_var")
-
-
 def restore(ckpt: dict, model: nn.Module, opt, sched, meters: list[Meter],
             env: dist.DistEnv) -> tuple[int, int, int]:
     """Load a checkpoint into this rank; returns (epoch, step within it, global step)."""
@@ -125,7 +120,7 @@ def restore(ckpt: dict, model: nn.Module, opt, sched, meters: list[Meter],
         raise BnlabError(f"the checkpoint holds {len(r['ranks'])} ranks' state but this launch "
                          f"has {env.world} processes; relaunch with the run's own layout.")
     mine = r["ranks"][env.rank]
-    model.load_state_dict({k: v for k, v in r["model"].items() if not k.endswith(OLD_SIM)})
+    model.load_state_dict(checkpoint.current(r["model"]))
     # the simulated ranks' statistics are buffers left out of the state dict: each rank's
     # buffers below bring them back
     with torch.no_grad():

@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from bnlab.batchnorm import BatchRenorm, RankBatchNorm
+from bnlab.batchnorm import TYPED, BatchRenorm, FrozenBatchNorm, RankBatchNorm
 from bnlab.errors import BnlabError
 from bnlab.syncbn import in_stats_dtype
 
@@ -135,10 +135,17 @@ def _naive(bn, x, w, k, rm, rv, factor) -> torch.Tensor:
 @functools.cache
 def _simulated_class(cls: type) -> type:
     """The simulated layer of a RankBatchNorm class (RankBatchNorm2d -> SimulatedRankBatchNorm2d):
-    still an instance of that class, so type-keyed code keeps finding it."""
-    return type(f"Simulated{cls.__name__}", (SimulatedRanks, cls), {"__module__": __name__})
-    # first in the order: its forward_train is the layer's (a timm norm-act layer's forward,
-    # bnlab.normact's, still wraps the layer's own)
+    still an instance of that class, so type-keyed code keeps finding it. SimulatedRanks comes
+    first in the order: its forward_train is the layer's (a timm norm-act layer's forward,
+    bnlab.normact's, still wraps the layer's own). Named in this module, so a model pickles."""
+    name = f"Simulated{cls.__name__}"
+    made = type(name, (SimulatedRanks, cls), {"__module__": __name__, "__qualname__": name})
+    globals().setdefault(name, made)
+    return made
+
+
+for _cls in (RankBatchNorm, FrozenBatchNorm, BatchRenorm, *TYPED.values()):
+    _simulated_class(_cls)  # bnlab's own classes' simulated layers, importable from the start
 
 
 def simulate(layer: RankBatchNorm, world: int) -> SimulatedRanks:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import pickle
 
 import numpy as np
 import pytest
@@ -174,3 +175,5 @@ def test_the_simulated_ranks_statistics_live_in_the_simulations_layers_alone():
         layer = next(m for m in again.module.modules() if isinstance(m, RankBatchNorm))
         for r in range(4):
             assert torch.equal(layer.rank_stats(r)[1], first.rank_stats(r)[1])
+    copied = pickle.loads(pickle.dumps(net))  # the simulated layers' classes are importable
+    assert torch.equal(copied.module.state_dict()[keys[1]], model.state_dict()[keys[1]])

@@ -36,11 +36,13 @@ def divergence(run: Run | None) -> int | str | None:
     if run is None:
         return None
     if run.status == "diverged":
-        return (read_status_full(run.path) or {}).get("step") or run.rows[-1].get("step")
+        step = (read_status_full(run.path) or {}).get("step")
+        return step if step is not None else next(
+            (r["step"] for r in reversed(run.rows) if "step" in r), "at an unknown step")
     return "none" if run.status == "completed" else None
 
 
-def cuda_steps(root: Path = RUNS_CUDA) -> dict[int, int | str]:
+def cuda_steps(root: Path = RUNS_CUDA) -> dict[int, int | str | None]:
     """The CUDA runs' divergence step by seed (table-values' bf16 cell at 4 x 2)."""
     out = {}
     for info in sorted(root.glob("*/resnet18-bn-4x2-*/seed*/run.json")):
@@ -75,26 +77,35 @@ def by_seed(d: RunsData, cuda: dict[int, int | str] | None = None) -> list[dict]
     return out
 
 
-def cross_check(runs: Path) -> str:
+def cross_check(runs: Path, tag: str, cuda: Path) -> str:
     """For table-values' bf16 row: each seed's divergence under real gloo DDP on the CPU, from
-    this table's runs under `runs` (the folder of run folders by data tag)."""
-    d = table.runs_data(table.Context(TABLE, runs=runs))
+    this table's runs under `runs` (the folder of run folders by data tag, at `tag`), beside
+    the simulation's there, the CUDA runs read from `cuda`; where real DDP trains to the cap,
+    that seed's divergence is the simulation's (rules `holds`)."""
+    d = table.runs_data(table.Context(TABLE, runs=runs, tag=tag))
     each = [f"seed {r['seed']} {said(r['real'])}" + (
         f" (the simulation: {said(r['simulated']).removeprefix('diverged ')})"
-        if r["simulated"] is not None else "") for r in by_seed(d)]
+        if r["simulated"] is not None else "") + (
+        ": its divergence is the simulation's, not DDP's" if r["holds"] is False else "")
+        for r in by_seed(d, cuda_steps(cuda))]
     return f"real gloo DDP on a CPU (make table-bf16ddp): {', '.join(each)}"
 
 
-def said(step: int | str | None) -> str:
+def said(step: int | str | None, cap: str = f"in {CAP:,} steps") -> str:
+    """'diverged at step 450', 'no divergence in 2,000 steps' (`cap`: the run's length), or
+    'to come'."""
     if step is None:
         return "to come"
-    return f"no divergence in {CAP:,} steps" if step == "none" else f"diverged at step {step:,}"
+    if step == "none":
+        return f"no divergence {cap}"
+    return f"diverged at step {step:,}" if isinstance(step, int) else f"diverged {step}"
 
 
 def render(d: RunsData) -> str:
-    rows = [[str(r["seed"]), said(r["cuda"]), said(r["simulated"]), said(r["real"]),
-             r["agree"] if r["agree"] != "agree" or "none" in (r["simulated"], r["real"])
-             else f"agree ({abs(r['real'] - r['simulated']):,} steps apart)",
+    rows = [[str(r["seed"]), said(r["cuda"], "in its 10 epochs"), said(r["simulated"]),
+             said(r["real"]),
+             f"agree ({abs(r['real'] - r['simulated']):,} steps apart)" if r["agree"] == "agree"
+             and all(isinstance(r[k], int) for k in BY) else r["agree"],
              "to come" if r["holds"] is None else "yes" if r["holds"] else
              "no: the simulation's"] for r in by_seed(d)]
     words = [f"**{k}**: {' '.join(RULES.raw[k].split())}" for k in ("measure", "agree", "holds")]

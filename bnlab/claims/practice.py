@@ -261,6 +261,10 @@ def doctor_lines(cells: list[CellResult]) -> list[str]:
                 "batch at which bn holds), in its own commit that names that rule.")
     elif j["answer"] == "supported":
         then = "The thresholds stay."
+    elif not any(r["state"] == "holds" for r in j["rows"]):
+        then = ("bn holds at no per-rank batch below 16, so doctor_change has no batch to move "
+                "MIN_IMAGES to: the thresholds stay, and the doctor says they are not "
+                "supported here.")
     else:
         then = ("bn's breaking and holding per-rank batches do not separate, so by "
                 "doctor_change the thresholds stay, and the doctor says they are not supported "

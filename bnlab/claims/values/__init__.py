@@ -144,15 +144,14 @@ def on_cuda(d: RunsData) -> str | None:
         return None
     said = devices.compare(d, there, measure, lambda c: c.cell.meta["input"] + (
         f", global batch {batch(c)}" if batch(c) != 8 else ""))
-    return said + (f" **Does bf16 move the break?** {x}" if (x := bf16_moved(there, d.root))
-                   else "")
+    return said + (f" **Does bf16 move the break?** {x}" if (x := bf16_moved(there, d)) else "")
 
 
-def bf16_moved(there: RunsData, cpu_runs: Path) -> str | None:
+def bf16_moved(there: RunsData, cpu: RunsData) -> str | None:
     """Rule v6 on the GPU's runs: each bf16 cell's state beside its fp32 cell's, and the
     answer (moves, does not move, undecided); None where the spec has no bf16 cell. The 4 x 2
-    bf16 cell also says what real gloo DDP gave on a CPU (table-bf16ddp's runs under
-    `cpu_runs`)."""
+    bf16 cell also says what real gloo DDP gave on a CPU (table-bf16ddp's runs beside `cpu`'s,
+    at its data tag)."""
     by_label = {c.cell.label: c for c in there.cells}
     pairs = [(c, by_label[c.cell.meta["fp32"]]) for c in there.cells
              if c.cell.meta.get("precision") == "bf16" and c.cell.meta["per_rank"] != batch(c)]
@@ -165,7 +164,7 @@ def bf16_moved(there: RunsData, cpu_runs: Path) -> str | None:
             states.append("undecided")
         else:
             states.append("moves" if mh["state"] != mf["state"] else "does not move")
-        check = f"; {bf16ddp.cross_check(cpu_runs)}" \
+        check = f"; {bf16ddp.cross_check(cpu.root, cpu.tag, there.root)}" \
             if half.cell.meta["per_rank"] == 2 else ""
         parts.append(f"{full.cell.label}: " + (devices.said(mh) if mh else "still to come")
                      + f" in bf16 ({path(half)}{check}), " + (devices.said(mf) if mf else
