@@ -116,6 +116,9 @@ def choose(cells: list[CellResult], rules: Rules) -> dict:
     if edge is not None:
         return {"state": "needs a rate", "cell": pick, "edge": edge,
                 "why": why + f"; it lies on its ladder's edge, so the rule adds lr {edge:g}"}
+    if extended and len(rates) > 1 and lr in (rates[0], rates[-1]):
+        why += ("; still on its ladder's edge after the rate the rule added (the rule adds one "
+                "once), so a rate beyond it might do better")
     return {"state": "chosen", "cell": pick, "edge": None, "why": why}
 
 
