@@ -71,6 +71,13 @@ def train_job(cell: Cell, seed: int, d: Path, data: str | None, threads: int, jo
     return TrainJob(cmd, str(d), str(ROOT), cell.label, seed, threads, jobs)
 
 
+def per_process(threads: int, cell: Cell) -> int:
+    """A run's threads for each of its processes: a real-DDP cell's `dist.nproc_per_node`
+    processes share the run's `threads` (at 2 threads each, 4 processes oversubscribe 2
+    cores 4-fold)."""
+    return max(1, threads // max(1, cell.cfg["dist"].get("nproc_per_node", 1)))
+
+
 def refuse_dirty() -> None:
     """Runs that a table reports come from committed code only: a working tree with
     uncommitted changes to tracked files would leave runs whose code nobody can check out."""
@@ -126,7 +133,8 @@ def sweep(specs: list[Spec], data: str | None, jobs: int, extra: list[str] | Non
           f"{root / tag}{left}; running {len(todo)} with {where}")
     threads = max(1, (os.cpu_count() or 1) // jobs) if launcher == "local" else \
         slurm.cpus_per_task or 1
-    runs = [train_job(c, s, d, data, threads, jobs, extra or []) for c, s, d in todo]
+    runs = [train_job(c, s, d, data, per_process(threads, c), jobs, extra or [])
+            for c, s, d in todo]
     if launcher == "slurm":
         return submit_slurm(todo, runs, submit_folder(root, tag), jobs, threads, slurm, wait,
                             on_slurm)

@@ -474,3 +474,14 @@ def test_the_bar_never_shows_fewer_epochs_than_its_resumed_runs_started_with():
         assert bar.n == 30.7
         advance(bar, 31.5)
         assert bar.n == 31.5
+
+
+def test_a_real_ddp_cells_processes_share_the_runs_threads():
+    from bnlab.lab.plan import Cell
+    from bnlab.lab.sweep import per_process
+
+    def cell(nproc: int) -> Cell:
+        return Cell("c", [], [0], cfg={"dist": {"nproc_per_node": nproc}})
+
+    assert per_process(2, cell(1)) == 2 and per_process(2, cell(4)) == 1
+    assert per_process(8, cell(4)) == 2 and per_process(1, cell(4)) == 1
