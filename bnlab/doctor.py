@@ -48,7 +48,8 @@ from bnlab.norms import EvoNormS0
 from bnlab.syncbn import group_ranks
 
 # A layer is at risk below MIN_IMAGES or MIN_VALUES per rank (bnlab/defaults.py, torch-free for
-# bnlab --help; experiments/values tests them against the data); KINDS: what --norm converts to.
+# bnlab --help; experiments/values tests them against the data); DOCTOR_KINDS there: what
+# --norm converts to.
 EVIDENCE = "experiments/values/table.md"  # where bnlab measures BN against these (table-values)
 
 

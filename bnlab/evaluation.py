@@ -28,6 +28,7 @@ from bnlab import checkpoint, dist, doctor, modelref
 from bnlab.batchnorm import set_epoch
 from bnlab.cli import emit, imported
 from bnlab.data import Dataset, Split, TrainLoader, build_dataset
+from bnlab.defaults import DOCTOR_KINDS
 from bnlab.diagnose import Diagnosis, accuracy
 from bnlab.diagnose import diagnose as diagnose_model
 from bnlab.diagnostics import train_mode_accuracy
@@ -141,7 +142,7 @@ def evaluate_run(cfg: DictConfig) -> dict:
 def run_doctor(cfg: DictConfig) -> int:
     """The BN doctor (`python -m bnlab doctor`) on one of bnlab's models; its exit status."""
     d = cfg.doctor
-    if d.norm not in doctor.KINDS:
+    if d.norm not in DOCTOR_KINDS:
         raise BnlabError(f"doctor.norm={d.norm!r} is not bn or syncbn.")
     for key in ("world", "batch_per_gpu", "min_values", "min_images"):
         if not isinstance(d[key], int) or d[key] < 1:
