@@ -107,7 +107,8 @@ def test_an_option_is_called_worth_it_only_where_it_was_faster():
     rows[0]["what"], rows[1]["what"] = "compile, 8 images", "compile, 128 images"
     text = perfdoc.option_verdict("compile", rows)
     assert "slower than eager for 8 images (2.00x); faster than eager for 128 images" in text
-    assert text.endswith("it would pay only at the settings where it is faster.")
+    assert text.endswith("Off by default; train.py compile=true turns it on: it pays only at "
+                         "the settings where it is faster.")
     assert perfdoc.option_verdict("compile", rows[:1]).endswith("did not pay at any measured "
                                                                 "setting.")
 

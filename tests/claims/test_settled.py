@@ -984,9 +984,10 @@ def test_rule_v6_sets_each_bf16_cell_beside_its_fp32_cell_on_the_gpu(tmp_path):
     gpu = with_bf16(values_data(tmp_path / "gpu", {("resnet18 32 px", 2): 20.0,
                                                     ("resnet18 32 px", 4): 8.0}),
                     {2: "diverged", 4: 8.0})
-    said = values.bf16_moved(gpu)
+    said = values.bf16_moved(gpu, cpu)
     assert said.startswith("no, the same state in every cell")
     assert "resnet18 32 px 4x2: breaks (diverged on seed 0, 1, 2) in bf16" in said
+    assert "; real gloo DDP on a CPU (make table-bf16ddp): seed 0 to come" in said  # none ran
     assert "resnet18 32 px 2x4: breaks, +8.0" in said
     both = devices.compare(cpu, gpu, values.measure, lambda c: c.cell.meta["input"])
     assert "resnet18 32 px 2x4 bf16: breaks, +8.0" in both and "(CUDA only)" in both
@@ -995,6 +996,6 @@ def test_rule_v6_sets_each_bf16_cell_beside_its_fp32_cell_on_the_gpu(tmp_path):
     assert "resnet18 32 px 1x8 bf16 " in both and "CUDA only" in both
     moved = with_bf16(values_data(tmp_path / "gpu2", {("resnet18 32 px", 2): 20.0,
                                                        ("resnet18 32 px", 4): 8.0}), {4: 0.0})
-    assert values.bf16_moved(moved).startswith("yes")  # 2x4 holds in bf16, breaks in fp32
-    assert "resnet18 32 px 2x4: holds" in values.bf16_moved(moved)
-    assert values.bf16_moved(cpu) is None  # no bf16 cell in the spec
+    assert values.bf16_moved(moved, cpu).startswith("yes")  # 2x4 holds in bf16, breaks in fp32
+    assert "resnet18 32 px 2x4: holds" in values.bf16_moved(moved, cpu)
+    assert values.bf16_moved(cpu, cpu) is None  # no bf16 cell in the spec
