@@ -24,7 +24,7 @@ import numpy as np
 from bnlab.advice import FREE as COMMUNICATION_FREE
 from bnlab.claims import practicepilot
 from bnlab.claims.frompilot import write_from_pilot
-from bnlab.claims.recover.cells import groups_of
+from bnlab.claims.recover.cells import fewest_values, groups_of
 from bnlab.claims.recover.cells import state as fix_state
 from bnlab.doctor import MIN_IMAGES, MIN_VALUES, at_risk
 from bnlab.errors import BnlabError
@@ -213,14 +213,6 @@ def fix_at_two(cells: list[CellResult], c: CellResult) -> dict | None:
 WHERE = f"{RANKS} ranks x 2 on resnet20 (CIFAR-10)"
 
 
-def bn_values(c: CellResult | None) -> int | None:
-    """The fewest values per channel per rank at the cell's smallest BN layer, from its runs'
-    run.json; None where no run recorded them."""
-    counts = [min(r.info["bn_values_per_channel"].values()) for r in (c.runs if c else [])
-              if r.info.get("bn_values_per_channel")]
-    return min(counts) if counts else None
-
-
 def doctor_judgment(cells: list[CellResult]) -> dict:
     """The doctor's thresholds on bn's cells at 8, 4 and 2 images per rank (rules `doctor`):
     {answer, rows: [{per_rank, values, state, flagged}], change}; `change` is what
@@ -228,7 +220,7 @@ def doctor_judgment(cells: list[CellResult]) -> dict:
     states = bn_states(cells)
     rows = []
     for b in BATCHES[1:]:
-        v = bn_values(find(cells, "bn", b))
+        v = fewest_values(find(cells, "bn", b))
         rows.append({"per_rank": b, "values": v, "state": states[b][1],
                      "flagged": None if v is None else at_risk(b, v)})
     if any(r["state"] not in ("breaks", "holds") or r["flagged"] is None for r in rows):
@@ -298,7 +290,7 @@ def advice_row(data: Practice) -> dict | None:
     free = [f for f in fixes if f in COMMUNICATION_FREE]
     gain = lambda f: fixes[f]["gain"]  # noqa: E731
     return {"table": "table-practice", "input": "resnet20",
-            "values": bn_values(find(cells, "bn", 2)), "where": WHERE,
+            "values": fewest_values(find(cells, "bn", 2)), "where": WHERE,
             "global_batch": 2 * RANKS, "epochs": find(cells, "bn", 2).epochs,
             "best": fixes[max(fixes, key=gain)],
             "best_free": fixes[max(free, key=gain)] if free else None, "fixes": fixes}

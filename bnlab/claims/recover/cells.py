@@ -185,8 +185,13 @@ def groups_of(c: CellResult) -> dict:
 def values_at_the_break(data: Recover, inp: str) -> int | None:
     """The fewest values per channel per rank of the input's bn at 4 x 2 (its smallest BN
     layer), from its runs' run.json."""
-    bn = by_fix(data.runs, "bn", inp) if data.runs is not None else None
-    counts = [min(r.info["bn_values_per_channel"].values()) for r in (bn.runs if bn else [])
+    return fewest_values(by_fix(data.runs, "bn", inp) if data.runs is not None else None)
+
+
+def fewest_values(c: CellResult | None) -> int | None:
+    """The fewest values per channel per rank at the cell's smallest BN layer, from its runs'
+    run.json; None where no run recorded them."""
+    counts = [min(r.info["bn_values_per_channel"].values()) for r in (c.runs if c else [])
               if r.info.get("bn_values_per_channel")]
     return min(counts) if counts else None
 
