@@ -89,7 +89,7 @@ def pairs(c: CellResult, ref: CellResult) -> tuple[list[float], list[float], lis
             gone.append(s)
         if a.diverged or b.diverged:
             continue
-        ja, jb = a.jitter(c.epochs), b.jitter(ref.epochs)
+        ja, jb = a.jitter(c.epochs, c.kind), b.jitter(ref.epochs, ref.kind)
         if ja.get("plateau_acc") is not None and jb.get("plateau_acc") is not None:
             gaps.append(jb["plateau_acc"] - ja["plateau_acc"])
         if (ja.get("vn_sd") or 0) > 0 and (jb.get("vn_sd") or 0) > 0:

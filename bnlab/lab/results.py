@@ -136,8 +136,9 @@ class Run:
             return {}
         ep, accs = self.series(acc_key)
         w = jitter.plateau(ep, accs, total_epochs)
-        if len(w) < jitter.MIN_EVALS:
-            return {}
+        if len(w) < jitter.MIN_EVALS:  # too few for jitter; one an epoch still has a mean
+            return {"plateau_acc": float(sum(w) / len(w)), "n_evals": len(w),
+                    "final": accs[-1]} if w and kind in ONE_AN_EPOCH else {}
         lep, losses = self.series(loss_key)
         lw = jitter.plateau(lep, losses, total_epochs)
         slope, _ = jitter.trend(w)
@@ -167,6 +168,9 @@ SERIES = {"ema": ("val/acc", "val/loss"), "precise": ("decomp/acc_precise", "dec
           "batch": ("decomp/acc_batch", "decomp/loss_batch"),
           # precise_bn=every_epoch: the evaluation just after each epoch end's recalibration
           "recal": ("val/acc_precise", "val/loss_precise")}
+# kinds evaluated once an epoch: their plateau mean is read from however many there are (a
+# 10-epoch run has 5 on its plateau), their jitter only from jitter.MIN_EVALS
+ONE_AN_EPOCH = ("recal",)
 
 
 def run_minutes(runs: list[Run]) -> float:
@@ -215,6 +219,7 @@ class CellResult:
     cell: Cell
     runs: list[Run]
     expected: int
+    kind: str = "ema"  # the evaluations its plateau is read from (Run.jitter's kind)
 
     @property
     def epochs(self) -> float:
@@ -223,12 +228,13 @@ class CellResult:
     def stat(self, key: str) -> Stat:
         return Stat.of([r.metrics(self.epochs).get(key) for r in self.runs])
 
-    def jitter_values(self, key: str, kind: str = "ema") -> list[float]:
-        """A jitter measure (Run.jitter) of each seed that has it."""
-        vals = [r.jitter(self.epochs, kind).get(key) for r in self.runs]
+    def jitter_values(self, key: str, kind: str | None = None) -> list[float]:
+        """A jitter measure (Run.jitter, of `kind`, else the cell's own) of each seed that has
+        it."""
+        vals = [r.jitter(self.epochs, kind or self.kind).get(key) for r in self.runs]
         return [v for v in vals if finite(v)]
 
-    def jstat(self, key: str, kind: str = "ema") -> Stat:
+    def jstat(self, key: str, kind: str | None = None) -> Stat:
         return Stat.of(self.jitter_values(key, kind))
 
     def paired(self, key: str, base: str) -> list[float]:

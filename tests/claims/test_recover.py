@@ -21,8 +21,8 @@ LEVELS = {"reference": 60.0, "bn": 50.0, "syncbn": 59.8, "gn": 55.0,
           "ln": [50.5, 49.5, 50.5, 49.5, 50.0]}
 
 
-def data(tmp_path, levels: dict, seeds: int = 5, missing: str = "", epochs: int = 10
-         ) -> RunsData:
+def data(tmp_path, levels: dict, seeds: int = 5, missing: str = "", epochs: int = 10,
+         precise: float | None = None) -> RunsData:
     cells = []
     for fix, acc in levels.items():
         runs = []
@@ -31,7 +31,8 @@ def data(tmp_path, levels: dict, seeds: int = 5, missing: str = "", epochs: int 
             level = acc[s] if isinstance(acc, list) else acc
             curve = list(level + s * 0.3 + rng.normal(0, 0.3, 10 * epochs))  # seed effects shared
             runs.append(fake_headline_run(tmp_path / fix / f"s{s}", curve, epochs=epochs,
-                                          seed=s, churn=True))
+                                          seed=s, churn=True,
+                                          precise=precise if fix == "precise" else None))
         cell = Cell(f"{fix} cell", [], list(range(seeds)), cfg={"epochs": epochs},
                     meta={"fix": fix})
         cells.append(CellResult(cell, runs, seeds))  # expected: every seed
@@ -175,11 +176,34 @@ def test_a_superseded_cell_is_on_the_page_but_not_in_the_advice(tmp_path):
 
 
 def test_the_precise_rows_say_how_many_evaluations_equal_bn_s(tmp_path):
-    d = data(tmp_path, {**LEVELS, "precise": 50.0})
+    d = recover.read_by_rule(data(tmp_path, {**LEVELS, "precise": 50.0}, precise=3.0))
     bn = next(c for c in d.cells if c.cell.meta["fix"] == "bn")
     precise = next(c for c in d.cells if c.cell.meta["fix"] == "precise")
-    precise.runs = bn.runs  # the same curves: every evaluation equal
+    precise.runs = [fake_headline_run(tmp_path / "twin" / f"s{r.seed}", r.accs, epochs=10,
+                                      seed=r.seed, precise=3.0) for r in bn.runs]
     n = sum("val/acc" in row for r in bn.runs for row in r.rows)
-    assert recover.precise_note(d)[0].split("beside it: ")[1].startswith(
-        f"{n} of their {n} evaluations equal their seed's bn run exactly")
+    note = recover.precise_note(d)[0]
+    assert "(5 on each run's plateau: too few for jitter" in note  # epochs 6 to 10's ends
+    assert f"and {n} of their {n} val/acc evaluations equal their seed's bn run" in note
     assert recover.precise_note(data(tmp_path / "none", LEVELS)) == []
+
+
+def test_the_precise_rows_read_the_evaluation_after_each_recalibration(tmp_path):
+    # val/acc is bn's (the EMA has washed the recalibration out); val/acc_precise, logged at
+    # each epoch end, is 3 points above it: rules version 3 reads it, version 2 read val/acc
+    d = recover.read_by_rule(data(tmp_path, {**LEVELS, "precise": 50.0}, precise=3.0))
+    precise = next(c for c in d.cells if c.cell.meta["fix"] == "precise")
+    assert precise.kind == "recal"
+    assert all(c.kind == "ema" for c in d.cells if c is not precise)
+    now = recover.measure(d, precise)
+    assert now["gain"]["gap"] == pytest.approx(3.0, abs=0.6)  # its own seeds' noise aside
+    old = recover.at_val_acc(recover.Recover(d))
+    was = recover.measure(old.runs, next(c for c in old.runs.cells
+                                         if c.cell.meta["fix"] == "precise"))
+    assert abs(was["gain"]["gap"]) < 0.6 and was["state"] == "no better"
+    assert precise.kind == "recal"  # the old reading is a copy
+    text = recover.render(recover.Recover(d))
+    assert "| - | - |" in text.split("| precise cell |")[1].split("\n")[0]  # no jitter shown
+    assert "Version 3 (commit" in text and \
+        "Without it the rules give: the precise rows read at val/acc: on resnet20, gain over " \
+        f"bn {was['gain']['gap']:+.1f}" in text

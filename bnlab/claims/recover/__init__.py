@@ -50,6 +50,7 @@ from bnlab.claims.recover.words import (
     beside_others,
     finding,
     precise_note,
+    read_as_ema,
     states_in_words,
     superseded,
 )
@@ -107,7 +108,7 @@ def render(data: Recover) -> str:
         "BN steps as bn does until it freezes. "
         + ("" if times else "No measurement that names its fix yet (rows measured before "
            "they did are not read): run `make bench ONLY=fixes`."), "",
-        *rules.history(RULES)]))
+        *rules.history(RULES, {"read_as_ema": read_as_ema(data)})]))
 
 
 def plot(data: Recover, path: Path) -> None:

@@ -4,13 +4,14 @@ doctor's advice."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 from bnlab.advice import FREE
 from bnlab.errors import BnlabError
 from bnlab.lab import judge, rules, table
-from bnlab.lab.results import CellResult
+from bnlab.lab.results import SERIES, CellResult
 from bnlab.lab.table import RunsData, bench_section
 from bnlab.paths import BENCH_RESULTS, EXPERIMENTS
 
@@ -49,9 +50,35 @@ NAMES = {"syncbn": "SyncBN over all 4 ranks", "syncbn2": "SyncBN in groups of 2 
 Recover = table.Pending  # the table's data: its runs where its spec exists, else why it waits
 
 
+# the evaluations each fix's plateau is read from where not val/acc (rules.yaml `reads`, by its
+# log key): the precise rows read the one just after each epoch end's recalibration
+READS = {fix: next(k for k, (acc, _) in SERIES.items() if acc == key)
+         for fix, key in RULES["reads"].items()}
+
+
 def load(ctx: table.Context) -> Recover:
-    return table.pending(ctx, "its spec is written from the pilot's choices once every fix is "
-                         "chosen (`python -m bnlab.claims recover-spec`); see table-recoverpilot")
+    data = table.pending(ctx, "its spec is written from the pilot's choices once every fix "
+                         "is chosen (`python -m bnlab.claims recover-spec`); see "
+                         "table-recoverpilot")
+    if data.runs is not None:
+        read_by_rule(data.runs)
+    return data
+
+
+def read_by_rule(d: RunsData) -> RunsData:
+    """Each cell set to read the evaluations rules.yaml `reads` names for its fix (in place)."""
+    for c in d.cells:
+        c.kind = READS.get(c.cell.meta.get("fix"), c.kind)
+    return d
+
+
+def at_val_acc(data: Recover) -> Recover:
+    """The same runs with every cell read at val/acc, as rules version 3 replaced: what the
+    old rule gives (a copy; `data` keeps its readings)."""
+    if data.runs is None:
+        return data
+    cells = [dataclasses.replace(c, kind="ema") for c in data.runs.cells]
+    return dataclasses.replace(data, runs=dataclasses.replace(data.runs, cells=cells))
 
 
 def name(c: CellResult) -> str:
@@ -79,7 +106,7 @@ def per_seed(c: CellResult) -> dict[int, float]:
     """Plateau accuracy by seed, over the seeds that did not diverge."""
     out = {}
     for r in c.runs:
-        acc = None if r.diverged else r.jitter(c.epochs).get("plateau_acc")
+        acc = None if r.diverged else r.jitter(c.epochs, c.kind).get("plateau_acc")
         if acc is not None:
             out[r.seed] = acc
     return out

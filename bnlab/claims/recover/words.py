@@ -3,9 +3,12 @@ table-fixes', and the page's notes (the states, the superseded cells, the precis
 
 from __future__ import annotations
 
+import math
+
 import yaml
 
 from bnlab.advice import said
+from bnlab.claims.recover import cells
 from bnlab.claims.recover.cells import (
     COMMUNICATION_FREE,
     FIRST,
@@ -15,10 +18,13 @@ from bnlab.claims.recover.cells import (
     WORDS,
     Recover,
     by_fix,
+    measure,
+    pct,
     picks,
     reference,
 )
 from bnlab.lab import page, rules
+from bnlab.lab.results import fmt
 from bnlab.lab.table import Finding, RunsData
 from bnlab.paths import CONFIGS, EXPERIMENTS
 
@@ -36,14 +42,15 @@ def superseded(d: RunsData) -> str:
 
 
 def precise_note(d: RunsData) -> list[str]:
-    """What the precise rows measure: val/acc, as every row, which PreciseBN's epoch-end
-    recalibration no longer touches by the next evaluation (the running statistics' EMA has
-    replaced it), counted as the evaluations where a precise run's val acc equals its seed's bn
-    run; reading its val/acc_precise instead would be a rule change after the data were seen."""
-    same, total = 0, 0
+    """What the precise rows read (rules version 3): val/acc_precise, the evaluation just after
+    each epoch end's recalibration, with how many such evaluations their plateau holds, and why
+    val/acc (what version 2 read) measured BN instead: the evaluations where a precise run's
+    val/acc equals its seed's bn run exactly."""
+    same, total, few = 0, 0, set()
     for inp in INPUTS:
         p, b = by_fix(d, "precise", inp), by_fix(d, "bn", inp)
         for r in (p.runs if p and b else []):
+            few.add(r.jitter(p.epochs, p.kind).get("n_evals"))
             twin = next((x for x in b.runs if x.seed == r.seed), None)
             if twin is None:
                 continue
@@ -53,12 +60,32 @@ def precise_note(d: RunsData) -> list[str]:
             total += len(mine)
     if not total:
         return []
-    return [f"The precise rows read val/acc, as every row does: PreciseBN recalibrates at epoch "
-            "ends, and by the next evaluation the running statistics' EMA has replaced what it "
-            f"set, so these rows measure BN trained beside it: {same} of their {total} "
-            "evaluations equal their seed's bn run exactly. table-fixes reads the evaluations "
-            "just after each recalibration (C8). Reading val/acc_precise here would be a rule "
-            "change after the data were seen; it is not made.", ""]
+    n = "/".join(str(x) for x in sorted(x for x in few if x is not None)) or "no"
+    return [f"The precise rows read val/acc_precise, the evaluation just after each epoch "
+            f"end's recalibration ({n} on each run's plateau: too few for jitter, which is not "
+            "shown for them). Their val/acc, which every other row reads, is BN's by then: the "
+            "running statistics' EMA has replaced what the recalibration set, and "
+            f"{same} of their {total} val/acc evaluations equal their seed's bn run exactly. "
+            "Reading val/acc_precise is rules version 3, written after the data were seen; "
+            "what version 2 gave is under the rules below.", ""]
+
+
+def read_as_ema(data: Recover) -> str | None:
+    """What rules version 2 gave the precise rows (each read at val/acc): per input, its gain
+    over bn, its share and its state; None where no precise row is measured."""
+    old = cells.at_val_acc(data)
+    said_ = []
+    for inp in INPUTS:
+        c = by_fix(old.runs, "precise", inp) if old.runs is not None else None
+        m = None if c is None else measure(old.runs, c)
+        if m is None:
+            continue
+        share = "" if not math.isfinite(m["share"][0]) else (
+            f", share {100 * m['share'][0]:.0f}% ({fmt(pct(m['share'][1]), 0)} to "
+            f"{fmt(pct(m['share'][2]), 0)})")
+        said_.append(f"on {inp}, gain over bn {m['gain']['gap']:+.1f} ({fmt(m['gain']['lo'])} "
+                     f"to {fmt(m['gain']['hi'])}){share}, {m['state']}")
+    return ("the precise rows read at val/acc: " + "; ".join(said_)) if said_ else None
 
 
 def states_in_words(by: rules.Rules = RULES) -> str:
