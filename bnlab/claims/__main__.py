@@ -2,7 +2,7 @@
 `python -m bnlab.claims recover-spec [--data DIR]`: experiments/recover/sweep.yaml from the
 pilot's choices (bnlab/claims/frompilot.py); `converge-spec`: experiments/converge/sweep.yaml
 from the same choices (bnlab/claims/converge.py); `practice-spec`: experiments/practice/sweep.yaml
-from table-practicepilot's choices (bnlab/claims/practice.py)."""
+from table-practicepilot's choices (bnlab/claims/practice/spec.py)."""
 
 import sys
 

@@ -223,11 +223,12 @@ def fewest_values(c: CellResult | None) -> int | None:
     return min(counts) if counts else None
 
 
-def entry(fix: str, c: CellResult, m: dict) -> dict:
+def entry(fix: str, c: CellResult, m: dict, called: str | None = None) -> dict:
     """`fix`, measured on cell `c` (a superseded cell stands in for its fix), as advice.json
     holds it: {fix, name, state, gain, groups, share, lo, hi}, the share where bn breaks
-    (table-converge's file holds the same form)."""
-    return {"fix": fix, "name": name(c), "state": m["state"],
+    (table-converge's and table-practice's files hold the same form; `called`: the name
+    another table gives it)."""
+    return {"fix": fix, "name": called or name(c), "state": m["state"],
             "gain": m["gain"]["gap"], **groups_of(c),
             **({"share": m["share"][0], "lo": m["share"][1], "hi": m["share"][2]}
                if math.isfinite(m["share"][0]) else {})}
@@ -241,10 +242,15 @@ def picks(data: Recover, inp: str = FIRST) -> dict | None:
     ms = on_input(data, inp)
     if ms is None:
         return None
-    fixes = {f: entry(f, c, m) for f, (c, m) in ms.items()}
-    gain = lambda f: fixes[f]["gain"]  # noqa: E731
-    free = [f for f in fixes if f in COMMUNICATION_FREE]
     return {"input": inp, "values": values_at_the_break(data, inp),
             "where": f"4 ranks x 2 on {WORDS.get(inp, inp)} (CIFAR-10)",
-            "best": fixes[max(fixes, key=gain)],
+            **best_of({f: entry(f, c, m) for f, (c, m) in ms.items()})}
+
+
+def best_of(fixes: dict[str, dict]) -> dict:
+    """{best, best_free, fixes}: the fix entries (entry()) with the largest gain over bn, over
+    all and over those without per-step communication (None where none is measured)."""
+    gain = lambda f: fixes[f]["gain"]  # noqa: E731
+    free = [f for f in fixes if f in COMMUNICATION_FREE]
+    return {"best": fixes[max(fixes, key=gain)],
             "best_free": fixes[max(free, key=gain)] if free else None, "fixes": fixes}

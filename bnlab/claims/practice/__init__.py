@@ -1,0 +1,232 @@
+"""`make table-practice`: Wu and He's batch-size experiment (Group Normalization, 2018) at CIFAR
+scale. resnet20 at 8 simulated ranks x 16, 8, 4 and 2 images under one standard recipe
+(configs/experiment/practice.yaml), every fix at its best, judged by
+experiments/practice/rules.yaml (written before any of its runs):
+
+    python -m bnlab.claims practice-spec [--data DIR]          # the spec, from the pilot's choices
+    python -m bnlab.claims practice --data DIR --jobs 2        # its runs, then the table
+    python -m bnlab.claims practice --report                   # the table from the runs' logs
+
+Where BN breaks as the per-rank batch shrinks, whether GroupNorm stays flat, and at 8 x 2 how
+much of BN's loss each fix gets back; Wu and He's published curve (ResNet-50 on ImageNet,
+bnlab/measured/published.json) beside ours for the shape. Writes experiments/practice/
+{table.md, practice.png}.
+
+spec.py writes the spec from the pilot's choices; cells.py measures the cells; doctor.py judges
+the doctor's thresholds and writes what the doctor reads; this file writes the page and the
+figure.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from bnlab.claims.practice.cells import *  # noqa: F403
+from bnlab.claims.practice.cells import (
+    Practice,
+    bn_states,
+    find,
+    fix_at_two,
+    flatness,
+    gap,
+    load,
+    per_seed,
+)
+from bnlab.claims.practice.doctor import *  # noqa: F403 (the table's names, one namespace)
+from bnlab.claims.practice.doctor import advice, doctor_lines
+from bnlab.claims.practice.spec import *  # noqa: F403
+from bnlab.claims.practice.spec import BATCHES, NAMES, NORMS, PUBLISHED, RULES
+from bnlab.lab import analysis, page, rules, table
+from bnlab.lab.figures import nothing_yet, plt, save
+from bnlab.lab.results import CellResult, fmt
+from bnlab.lab.table import Verdict
+
+# ----------------------------------------------------------------------------------------
+# The page
+
+
+def acc_cell(c: CellResult | None) -> str:
+    """Mean end accuracy with its 95% t interval over the seeds."""
+    if c is None:
+        return "-"
+    vals = list(per_seed(c).values())
+    if len(c.runs) < c.expected or not vals:
+        return f"({c.seeds_note()} seeds)"
+    lo, hi = analysis.mean_interval(vals)
+    return f"{np.mean(vals):.1f}" + (f" ({lo:.1f} to {hi:.1f})" if lo is not None else "")
+
+
+def gap_cell(g: dict | None, state: str = "") -> str:
+    """A paired gap with its interval, and its state where it has one."""
+    if g is None:
+        return state or "to come"
+    iv = f" ({g['lo']:.1f} to {g['hi']:.1f})" if g["lo"] is not None else ""
+    return f"{g['gap']:+.1f}{iv}" + (f", {state}" if state else "")
+
+
+def published_gap(norm: str, b: int) -> float:
+    """Wu and He's top-1 error at `b` images per GPU minus theirs at 32 (points lost)."""
+    err, at = PUBLISHED["error"][norm], PUBLISHED["images_per_rank"]
+    return err[at.index(b)] - err[at.index(32)]
+
+
+def render(data: Practice) -> str:
+    if data.runs is None:
+        return "\n".join(["# Every fix at its best at a practitioner's global batch (8 ranks)",
+                          "", f"No runs yet: {data.waiting}.", "", *rules_lines(), ""])
+    d = data.runs
+    cells = d.cells
+    bn = bn_states(cells)
+    rows = [[NAMES[f]] + [acc_cell(find(cells, f, b)) for b in BATCHES] for f in NORMS]
+    grows = [["bn: gap to bn at 8 x 16"] + ["reference"] + [gap_cell(*bn[b]) for b in
+                                                               BATCHES[1:]]]
+    for f in ("gn", "gnws"):
+        verdict, each = flatness(cells, f)
+        grows.append([f"{f}: gap to its own 8 x 16 ({verdict})", "-",
+                      *[gap_cell(*each[b]) for b in BATCHES[1:]]])
+    fixes = [c for c in cells if c.cell.meta["per_rank"] == 2 and not c.cell.meta.get("longer")
+             and c.cell.meta["fix"] != "bn"]
+    frows = []
+    for c in fixes:
+        m = fix_at_two(cells, c)
+        share = "-" if m is None or not math.isfinite(m["share"][0]) else \
+            f"{100 * m['share'][0]:.0f}%" + (f" ({100 * m['share'][1]:.0f} to "
+                                             f"{100 * m['share'][2]:.0f})" if m["share"][1]
+                                             is not None else "")
+        frows.append([NAMES.get(c.cell.meta["fix"], c.cell.meta["fix"]), acc_cell(c),
+                      "-" if m is None else gap_cell(m["gap"]),
+                      "-" if m is None else gap_cell(m["gain"]), share,
+                      "to come" if m is None else m["state"]])
+    lrows = [[c.cell.label, f"{c.cell.meta['lr']:g}", str(c.epochs), c.seeds_note(),
+              steps_of(c), fmt(np.mean(losses) if (losses := final_losses(c)) else None, 3)]
+             for c in cells]
+    return table.runs_page(d, "\n".join([
+        "Test accuracy of resnet20 on the CIFAR-10 subset (5,085 training images, 1,017 test) "
+        "at the end of training (the mean over the evaluations of its last tenth), mean over "
+        "3 seeds with its 95% t interval; gaps are paired on the seed (positive: accuracy "
+        "lost).", "",
+        "## BN and GroupNorm by images per rank (8 ranks)", "",
+        page.md_table(["", *[f"8 x {b}" for b in BATCHES]], rows), "",
+        page.md_table(["gap (points)", *[f"8 x {b}" for b in BATCHES]], grows), "",
+        "## Each fix at 8 x 2 (global batch 16)", "",
+        "Against bn at 8 x 16 (the reference) and bn at 8 x 2, table-recover's states; the share "
+        "of bn's loss is the fix's gain over bn at 8 x 2 divided by bn's gap, with a bootstrap "
+        "interval over the seeds (only where bn breaks at 8 x 2).", "",
+        page.md_table(["fix", "end acc (%)", "gap to 8 x 16", "gain over bn 8 x 2",
+                       "share of bn's loss", "state"], frows), "",
+        *doctor_lines(cells), *longer_lines(cells), *published_lines(cells),
+        "## Every cell: rate, length, steps and final train loss", "",
+        page.md_table(["cell", "lr at 128", "epochs", "seeds", "steps per run",
+                       "final train loss (mean)"], lrows), "",
+        *rules_lines(), ""]))
+
+
+def steps_of(c: CellResult) -> str:
+    n = [r.info.get("steps_per_epoch") for r in c.runs if r.info.get("steps_per_epoch")]
+    return f"{n[0] * c.epochs:,}" if n else "-"
+
+
+def final_losses(c: CellResult) -> list[float]:
+    return [v for r in c.runs if not r.diverged and (v := r.last("train_epoch/loss")) is not None]
+
+
+def longer_lines(cells: list[CellResult]) -> list[str]:
+    ref = find(cells, "bn", 16)
+    rows = [[f"8 x {b}", gap_cell(gap(find(cells, "gn", b), ref)),
+             gap_cell(gap(find(cells, "gn", b, longer=True), ref))] for b in (16, 2)]
+    return ["## Does GroupNorm catch up with twice the training? (shown, not ruled)", "",
+            page.md_table(["gn", "gap to the bn reference", "at twice the length"], rows), ""]
+
+
+def published_lines(cells: list[CellResult]) -> list[str]:
+    bn = bn_states(cells)[2][0]
+    g16 = gap(find(cells, "gn", 16), find(cells, "bn", 16))
+    ours = ["-" if bn is None else f"{bn['gap']:.1f}", "-" if g16 is None else
+            f"{g16['gap']:.1f}"]
+    return ["## Beside Wu and He's published curve (shown, not ruled)", "",
+            f"Published: {PUBLISHED['source']}, top-1 error by images per GPU; the shape is "
+            "compared, not the numbers (ImageNet, ResNet-50, 90 epochs there; 5,085 CIFAR-10 "
+            "images, resnet20 here).", "",
+            page.md_table(["", "ours (points)", "Wu and He (points)"], [
+                ["bn's loss at 2 images per rank (against 16 here, 32 there)", ours[0],
+                 f"{published_gap('bn', 2):.1f}"],
+                ["gn's gap to bn at 16 images per rank", ours[1],
+                 f"{PUBLISHED['error']['gn'][1] - PUBLISHED['error']['bn'][1]:.1f}"]]), ""]
+
+
+def rules_lines() -> list[str]:
+    """The rules in words (rules.yaml), then their history."""
+    words = [f"**{k}**: {' '.join(RULES.raw[k].split())}" for k in (
+        "cells", "measure", "bn_breaks", "flat", "fixes", "longer", "published", "doctor",
+        "doctor_change", "advice")]
+    return ["## The rules", "", *[w + "\n" for w in words], *rules.history(RULES)]
+
+
+# ----------------------------------------------------------------------------------------
+# The figure: ours by images per rank, Wu and He's, and accuracy against steps
+
+
+def plot(data: Practice, path: Path) -> None:
+    fig, (ours, theirs, steps) = plt.subplots(1, 3, figsize=(13, 3.8))
+    cells = data.runs.cells if data.runs else []
+    drawn = False
+    for i, f in enumerate(NORMS):
+        pts = [(b, np.mean(list(v.values())), v) for b in BATCHES
+               if (c := find(cells, f, b)) is not None and table.complete(c)
+               and (v := per_seed(c))]
+        if pts:
+            drawn = True
+            xs = [p[0] for p in pts]
+            ours.plot(xs, [100 - p[1] for p in pts], "o-", color=f"C{i}", label=NAMES[f])
+            for b, _, v in pts:
+                ours.plot([b] * len(v), [100 - a for a in v.values()], ".", color=f"C{i}",
+                          alpha=0.4)
+    if not drawn:
+        nothing_yet(ours, "runs still to come")
+    else:
+        ours.legend(fontsize=7)
+    ours.set(title="ours: resnet20, CIFAR-10 subset", xlabel="images per rank (8 ranks)",
+             ylabel="test error (%)")
+    at = PUBLISHED["images_per_rank"]
+    for i, f in enumerate(("bn", "gn")):
+        theirs.plot(at, PUBLISHED["error"][f], "s--", color=f"C{i}", label=f"{NAMES[f]}")
+    theirs.legend(fontsize=7)
+    theirs.set(title="published: Wu and He 2018, ResNet-50, ImageNet",
+               xlabel="images per GPU (8 GPUs)", ylabel="top-1 error (%)")
+    shown = False
+    for i, f in enumerate(("bn", "gn")):
+        for j, b in enumerate(BATCHES):
+            c = find(cells, f, b)
+            if c is None or not c.runs:
+                continue
+            x, m, _, _ = c.mean_series("val/acc")
+            spe = c.runs[0].info.get("steps_per_epoch")
+            if x and spe:
+                shown = True
+                steps.plot([e * spe for e in x], m, color=f"C{i}", alpha=1 - 0.2 * j, lw=1,
+                           label=f"{f} 8 x {b}")
+    if shown:
+        steps.legend(fontsize=6, ncol=2)
+    else:
+        nothing_yet(steps, "runs still to come")
+    steps.set_xscale("log")
+    steps.set(title="ours: test acc against optimizer steps", xlabel="steps",
+              ylabel="test acc (%)")
+    for ax in (ours, theirs):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(at)
+        ax.set_xticklabels([str(a) for a in at])
+        ax.invert_xaxis()
+    for ax in (ours, theirs, steps):
+        ax.grid(alpha=0.3)
+    save(fig, path, "BN and GroupNorm by images per rank: ours beside Wu and He's")
+
+
+def verdicts(data: Practice) -> list[Verdict]:
+    return []  # its rules' states are on its page; the README's finding follows its runs
+
+
+TABLE = table.Table("practice", (), load, render, verdicts, plot, block="practice", also=advice)

@@ -1,0 +1,108 @@
+"""What the doctor gets from table-practice (bnlab.advice reads it): its judgment of the
+doctor's thresholds on bn's cells (rules `doctor`, `doctor_change`) and the advice row, every fix
+at 8 x 2 in table-recover's form (rules `advice`), written to bnlab/measured/practice.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bnlab.claims.practice.cells import Practice, bn_states, find, fix_at_two
+from bnlab.claims.practice.spec import BATCHES, NAMES, RANKS
+from bnlab.claims.recover.cells import best_of, entry, fewest_values
+from bnlab.doctor import MIN_IMAGES, MIN_VALUES, at_risk
+from bnlab.lab import page, table
+from bnlab.lab.results import CellResult
+
+WHERE = f"{RANKS} ranks x 2 on resnet20 (CIFAR-10)"
+
+
+def doctor_judgment(cells: list[CellResult]) -> dict:
+    """The doctor's thresholds on bn's cells at 8, 4 and 2 images per rank (rules `doctor`):
+    {answer, rows: [{per_rank, values, state, flagged}], change}; `change` is what
+    `doctor_change` gives (a new MIN_IMAGES, or None where the thresholds stay)."""
+    states = bn_states(cells)
+    rows = []
+    for b in BATCHES[1:]:
+        v = fewest_values(find(cells, "bn", b))
+        rows.append({"per_rank": b, "values": v, "state": states[b][1],
+                     "flagged": None if v is None else at_risk(b, v)})
+    if any(r["state"] not in ("breaks", "holds") or r["flagged"] is None for r in rows):
+        return {"answer": "undecided", "rows": rows, "change": None}
+    wrong = [r for r in rows if r["flagged"] != (r["state"] == "breaks")]
+    if not wrong:
+        return {"answer": "supported", "rows": rows, "change": None}
+    named = "; ".join(f"bn {r['state']} at {RANKS} x {r['per_rank']} ({r['per_rank']} images, "
+                      f"{r['values']} values), which the doctor "
+                      f"{'flags' if r['flagged'] else 'passes'}" for r in wrong)
+    breaking = [r["per_rank"] for r in rows if r["state"] == "breaks"]
+    holding = [r["per_rank"] for r in rows if r["state"] == "holds"]
+    separate = bool(holding) and (not breaking or max(breaking) < min(holding))
+    return {"answer": f"not supported ({named})", "rows": rows,
+            "change": min(holding) if separate else None}
+
+
+def doctor_lines(cells: list[CellResult]) -> list[str]:
+    """The page's section on the doctor's thresholds: each bn cell flagged or passed, the
+    answer, and what `doctor_change` gives."""
+    j = doctor_judgment(cells)
+    rows = [[f"{RANKS} x {r['per_rank']}", str(r["per_rank"]),
+             "-" if r["values"] is None else str(r["values"]), r["state"],
+             "-" if r["flagged"] is None else "flagged" if r["flagged"] else "passed"]
+            for r in j["rows"]]
+    if j["answer"] == "undecided":
+        then = "The thresholds stay until every bn cell has its state."
+    elif j["change"] is not None:
+        then = (f"By doctor_change, MIN_IMAGES becomes {j['change']} (the smallest per-rank "
+                "batch at which bn holds), in its own commit that names that rule.")
+    elif j["answer"] == "supported":
+        then = "The thresholds stay."
+    elif not any(r["state"] == "holds" for r in j["rows"]):
+        then = ("bn holds at no per-rank batch below 16, so doctor_change has no batch to move "
+                "MIN_IMAGES to: the thresholds stay, and the doctor says they are not "
+                "supported here.")
+    else:
+        then = ("bn's breaking and holding per-rank batches do not separate, so by "
+                "doctor_change the thresholds stay, and the doctor says they are not supported "
+                "here.")
+    return ["## The doctor's thresholds against bn's curve", "",
+            f"bnlab's doctor flags a BN layer below {MIN_IMAGES} images or {MIN_VALUES} values "
+            "per channel per rank (rules: doctor). Here, at resnet20's smallest BN layer:", "",
+            page.md_table(["bn", "images per rank", "values per channel per rank", "bn",
+                           "the doctor"], rows), "",
+            f"The thresholds: **{j['answer']}**. {then}", ""]
+
+
+def advice_row(data: Practice) -> dict | None:
+    """This table's row for the doctor (rules `advice`), in table-recover's form: every fix at
+    8 x 2 ({fix, name, state, gain, groups, share, lo, hi}), the best and the best without
+    per-step communication, the input and its values per channel; None until the reference, bn
+    at 8 x 2 and every fix there have their seeds."""
+    if data.runs is None:
+        return None
+    cells = data.runs.cells
+    at_two = [c for c in cells if c.cell.meta["per_rank"] == 2 and not c.cell.meta.get("longer")
+              and c.cell.meta["fix"] != "bn"]
+    ms = {c.cell.meta["fix"]: (c, fix_at_two(cells, c)) for c in at_two}
+    if not ms or any(m is None for _, m in ms.values()):
+        return None
+    return {"table": "table-practice", "input": "resnet20",
+            "values": fewest_values(find(cells, "bn", 2)), "where": WHERE,
+            "global_batch": 2 * RANKS, "epochs": find(cells, "bn", 2).epochs,
+            **best_of({f: entry(f, c, m, NAMES.get(f, f)) for f, (c, m) in ms.items()})}
+
+
+def advice(data: Practice, out: Path) -> None:
+    """practice.json for the doctor (bnlab.advice): the advice row once its cells have their
+    seeds, and what this table finds of the thresholds once bn's cells are judged; removed
+    while it has neither."""
+    path = table.measured_path(out, "practice", "practice.json")
+    row = advice_row(data)
+    j = doctor_judgment(data.runs.cells) if data.runs is not None else {"answer": "undecided"}
+    got = {**(row or {}), **({"thresholds": {
+        "answer": j["answer"], "global_batches": f"{2 * RANKS} to {BATCHES[0] * RANKS}",
+        "table": "make table-practice: experiments/practice/table.md in bnlab's repository"}}
+        if j["answer"] != "undecided" else {})}
+    if not got:
+        path.unlink(missing_ok=True)
+    else:
+        table.save_results(path, got)
