@@ -96,15 +96,24 @@ def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]],
         *claim_rows(verdicts, done != expected), "", budget, end]))
     print(f"wrote the claims' verdicts into {readme}")
     # the block whose tables have a headline figure (the settled one) also opens README.md
-    figures = [f"experiments/{t.name}/{t.headline}" for t, _ in (every or built) if t.headline]
     if any(t.headline for t, _ in built) and \
             readme.resolve() == (EXPERIMENTS / "README.md").resolve() and \
             all(d.root.resolve() == RUNS.resolve() for d in sweeps):  # the committed runs
         found = nested(sorted((f for t, d in (every or built) if t.finding
                                for f in t.finding(d)), key=lambda f: f.rank))[:FINDINGS]
+        figures = shown_figures([t for t, _ in (every or built)], found)
         marks = {v.claim: rules.mark(rules.read(t.rules)) for t, v in ruled if t.rules}
         write_headline(ROOT / "README.md", figures, verdicts, status, tuple(found), marks)
         write_json(HEADLINE, verdicts, status, tuple(found))
+
+
+def shown_figures(tables: list[Table], found: list[Finding]) -> list[str]:
+    """The headline figures the README shows: a figure follows its table's finding, shown
+    where the table has one on the first screen (or gives no findings at all), left out where
+    another table's finding replaces it."""
+    told = {f.table for f in found}
+    return [f"experiments/{t.name}/{t.headline}" for t in tables
+            if t.headline and (t.name in told or t.finding is None)]
 
 
 # the README's first screen reads in a minute: its highest-ranked findings only (the others

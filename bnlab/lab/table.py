@@ -68,6 +68,10 @@ class Finding:
     # another table's name: this sentence is set under that table's finding, as one of its
     # parts (a second table answering the same question on another protocol), not numbered
     extends: str = ""
+    # tables whose findings this one stands in for (a later table answering their question at
+    # a scale they did not reach): theirs leave the README, their pages stay; a finding of such
+    # a table that extends this one's is kept, set under it
+    replaces: tuple[str, ...] = ()
     under: tuple[Finding, ...] = ()  # the sentences set under it (nested() fills them)
 
     def line(self) -> str:
@@ -79,7 +83,10 @@ class Finding:
 
 def nested(findings: list[Finding]) -> list[Finding]:
     """The findings with each one that `extends` another table's set under that table's first
-    finding (dropped where that table has none), in order."""
+    finding (dropped where that table has none), in order; those of a table another finding
+    `replaces` left out, unless they extend the replacing table."""
+    by = {t: f.table for f in findings for t in f.replaces}
+    findings = [f for f in findings if f.table not in by or f.extends == by[f.table]]
     tops = [f for f in findings if not f.extends]
     first = {f.table: i for i, f in reversed(list(enumerate(tops)))}
     return [replace(f, under=f.under + tuple(u for u in findings if u.extends == f.table))

@@ -154,3 +154,29 @@ def test_the_advice_row_has_every_fix_at_8x2_in_table_recovers_form(spec, tmp_pa
     assert practice.advice_row(waiting) is None
     practice.advice(waiting, tmp_path)
     assert not (tmp_path / "practice.json").exists()
+
+
+def test_its_finding_tells_finding_2_once_the_8x2_cells_have_their_seeds(spec, tmp_path):
+    d = practice.Practice(RunsData(spec, made_up(), "cifar10-5085", tmp_path, tmp_path))
+    top, *under = practice.finding(d)
+    assert top.text.startswith("At 8 x 2 (global batch 16) on resnet20, BN breaks, losing "
+                               "10.0 points (95% CI ")
+    assert "to 8 x 16; SyncBN in 4-rank groups regains 89% of BN's loss, recovers" \
+        in top.text and "communication-free GroupNorm " in top.text  # its best two, states
+    assert top.rank == 2 and set(top.replaces) == {"recover", "converge"}
+    assert "Plain GroupNorm at 8 x 2 plateaus " in top.after and "Finding 4 trains" in top.after
+    assert under[0].text == ("From 16 to 2 images per rank, BN holds at 8, breaks at 4 and 2; "
+                             "GroupNorm is flat and GroupNorm+WS drops (flat: every gap to "
+                             "its own 8 x 16 within the seeds' noise).")
+    assert under[1].table == "recover" and "[table-converge](" in under[1].text
+    assert all(u.extends == "practice" for u in under)
+    assert all(len(f.text.split()) <= 45 for f in (top, *under))  # the README's budget
+    assert practice.title(d) == ("BN breaks at 4 and 2 images per rank; GroupNorm is flat "
+                                 "(ours, beside Wu and He's)")  # the figure says what it found
+    eight = [c for c in made_up() if c.cell.label != "bn 8x8"]  # 8 x 8 cut: no line across
+    top2, *under2 = practice.finding(practice.Practice(
+        RunsData(spec, eight, "cifar10-5085", tmp_path, tmp_path)))
+    assert top2.text == top.text and [u.table for u in under2] == ["recover"]
+    waiting = practice.Practice(RunsData(spec, made_up()[:3], "cifar10-5085", tmp_path,
+                                         tmp_path))
+    assert practice.finding(waiting) == [] and practice.finding(practice.Practice(None)) == []

@@ -493,6 +493,22 @@ def test_a_finding_that_extends_another_tables_is_set_under_it(tmp_path):
     assert "(†: a rule written after its data were seen)" in text  # its mark's legend
 
 
+def test_a_finding_that_replaces_other_tables_leaves_theirs_out_but_what_extends_it():
+    from bnlab.lab.table import nested
+
+    found = nested([Finding("At 8 x 2: fix B.", "practice", rank=2, replaces=("recover",
+                                                                             "converge")),
+                    Finding("Earlier: table-recover.", "recover", extends="practice"),
+                    Finding("Fix A at 4 x 2.", "recover", rank=2),
+                    Finding("Longer: fix A.", "converge", rank=2, extends="recover"),
+                    Finding("BN breaks.", "values", rank=1)])
+    assert [f.text for f in found] == ["At 8 x 2: fix B.", "BN breaks."]
+    assert [u.text for u in found[0].under] == ["Earlier: table-recover."]
+    alone = nested([Finding("Fix A at 4 x 2.", "recover", rank=2),
+                    Finding("Longer: fix A.", "converge", rank=2, extends="recover")])
+    assert [u.text for u in alone[0].under] == ["Longer: fix A."]  # nothing replaces them yet
+
+
 LAYOUTS = {"resnet18 32 px": (1, (2, 4, 8)), "resnet18 64 px": (4, (1, 2, 4, 8)),
            "resnet20": (64, (2, 4, 8))}   # map area at the smallest BN layer, images per rank
 

@@ -13,8 +13,9 @@ bnlab/measured/published.json) beside ours for the shape. Writes experiments/pra
 {table.md, practice.png}.
 
 spec.py writes the spec from the pilot's choices; cells.py measures the cells; doctor.py judges
-the doctor's thresholds and writes what the doctor reads; this file writes the page and the
-figure.
+the doctor's thresholds and writes what the doctor reads; words.py writes the README's finding
+2 once the 8 x 2 cells have their seeds (table-recover's and table-converge's findings then
+leave the README, linked under it); this file writes the page and the figure.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from bnlab.claims.practice.doctor import *  # noqa: F403 (the table's names, one
 from bnlab.claims.practice.doctor import advice, doctor_lines
 from bnlab.claims.practice.spec import *  # noqa: F403
 from bnlab.claims.practice.spec import BATCHES, NAMES, NORMS, PUBLISHED, RULES
+from bnlab.claims.practice.words import *  # noqa: F403
+from bnlab.claims.practice.words import across, finding
 from bnlab.lab import analysis, page, rules, table
 from bnlab.lab.figures import nothing_yet, plt, save
 from bnlab.lab.results import CellResult, fmt
@@ -222,11 +225,27 @@ def plot(data: Practice, path: Path) -> None:
         ax.invert_xaxis()
     for ax in (ours, theirs, steps):
         ax.grid(alpha=0.3)
-    save(fig, path, "BN and GroupNorm by images per rank: ours beside Wu and He's")
+    save(fig, path, title(data))
+
+
+def title(data: Practice) -> str:
+    """The figure's message: where BN breaks and whether GroupNorm stays flat, once both are
+    judged at every per-rank batch (states only: what the rules gave); until then what it
+    shows."""
+    said = across(data) if data.runs is not None else ""
+    if not said:
+        return "BN and GroupNorm by images per rank: ours beside Wu and He's (runs to come)"
+    cells = data.runs.cells
+    breaks = [str(b) for b, (_, s) in bn_states(cells).items() if s == "breaks"]
+    gn = flatness(cells, "gn")[0]
+    return (f"BN breaks at {page.listed(breaks)} images per rank" if breaks else
+            "BN holds at every per-rank batch") + \
+        f"; GroupNorm is {gn} (ours, beside Wu and He's)"
 
 
 def verdicts(data: Practice) -> list[Verdict]:
     return []  # its rules' states are on its page; the README's finding follows its runs
 
 
-TABLE = table.Table("practice", (), load, render, verdicts, plot, block="practice", also=advice)
+TABLE = table.Table("practice", (), load, render, verdicts, plot, block="practice", also=advice,
+                    headline="practice.png", finding=finding)

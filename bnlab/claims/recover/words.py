@@ -150,15 +150,16 @@ def ranked(p: dict) -> str:
     return "; ".join(x for x in (page.listed(parts), tail) if x)
 
 
-def best_two(p: dict, first: bool = True) -> str:
+def best_two(p: dict, first: bool = True, short: dict[str, str] = SHORT) -> str:
     """One input's answer in a clause short enough to sit beside another's: its best fix with
     the share of BN's loss it gets back (`first`: in full words, else as a bare share), then
-    the best without per-step communication, or that none beats BN."""
+    the best without per-step communication, or that none beats BN (`short`: each fix's short
+    name, by its spec name)."""
     def share(e: dict, words: bool) -> str:
         if e.get("share") is None or e.get("lo") is None:
             return said(e)
         ci = f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f}"
-        name = SHORT.get(e["fix"], e["name"])
+        name = short.get(e["fix"], e["name"])
         return (f"{name} regains {100 * e['share']:.0f}% of BN's loss, {e['state']} (95% CI "
                 f"{ci})" if words else f"{name} {100 * e['share']:.0f}%, {e['state']} ({ci})")
 
@@ -197,12 +198,6 @@ def reconciled(done: dict[str, dict] | None = None) -> str:
     resnet20 and how table-fixes (the README's finding 4) trained it otherwise, and that `make
     demo` trains this table's second input on its own shorter protocol (`done`: each measured
     input's picks)."""
-    raw = yaml.safe_load((EXPERIMENTS / "fixes" / "sweep.yaml").read_text())
-    gn = next(c for c in raw["cells"] if c.get("fix") == "gn")
-    epochs = next((int(o.split("=")[1]) for o in gn["overrides"] if o.startswith("epochs=")),
-                  yaml.safe_load((CONFIGS / "experiment" / f"{raw['experiment']}.yaml")
-                                 .read_text())["epochs"])  # its protocol's length
-    here = float(reference("")[-1].split("=")[1])
     done = done or {}
     ours = done.get(FIRST, {}).get("fixes", {}).get("gn")
     first = ("" if ours is None else
@@ -214,8 +209,20 @@ def reconciled(done: dict[str, dict] | None = None) -> str:
         f" `make demo` trains {WORDS.get(second, second)}, finding 2's second input, on a "
         f"shorter protocol of its own; for that input, plain GroupNorm in finding 2's table "
         f"{versus(g2)}.")
-    return (f"{first}Finding 4 trains GroupNorm {epochs} epochs at 1/{here / gn['lr']:g} of the "
-            f"default rate, BN at that same rate.{demo}")
+    return f"{first}{finding_four()}{demo}"
+
+
+def finding_four() -> str:
+    """How table-fixes (the README's finding 4) trains GroupNorm, in a sentence: its length and
+    its rate against the default."""
+    raw = yaml.safe_load((EXPERIMENTS / "fixes" / "sweep.yaml").read_text())
+    gn = next(c for c in raw["cells"] if c.get("fix") == "gn")
+    epochs = next((int(o.split("=")[1]) for o in gn["overrides"] if o.startswith("epochs=")),
+                  yaml.safe_load((CONFIGS / "experiment" / f"{raw['experiment']}.yaml")
+                                 .read_text())["epochs"])  # its protocol's length
+    here = float(reference("")[-1].split("=")[1])
+    return (f"Finding 4 trains GroupNorm {epochs} epochs at 1/{here / gn['lr']:g} of the "
+            "default rate, BN at that same rate.")
 
 
 def versus(e: dict) -> str:

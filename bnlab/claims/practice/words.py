@@ -1,0 +1,74 @@
+"""table-practice in words: the README's finding 2 once its 8 x 2 cells have their seeds (what
+to use instead of BN at a practitioner's global batch), the lines set under it, and the
+sentence that places the README's other GroupNorm numbers beside it."""
+
+from __future__ import annotations
+
+from bnlab.claims import converge, recover
+from bnlab.claims.practice.cells import Practice, bn_states, flatness
+from bnlab.claims.practice.doctor import advice_row
+from bnlab.claims.practice.spec import BATCHES, RANKS, RULES
+from bnlab.claims.recover.words import best_two, finding_four, versus
+from bnlab.lab import page, rules
+from bnlab.lab.results import fmt
+from bnlab.lab.table import Finding
+
+# the tables whose findings this one stands in for in the README (their pages stay, linked
+# under it as the earlier, smaller-batch protocol)
+REPLACES = ("recover", "converge")
+# each fix's name where the finding's word budget wants it shorter than the page's
+SHORT = {**recover.SHORT, "syncbn4": "SyncBN in 4-rank groups", "precise": "PreciseBN",
+         "frozen_bn": "frozen BN", "brn": "Batch Renorm"}
+
+
+def finding(data: Practice) -> list[Finding]:
+    """Finding 2 from this table: at 8 x 2, whether BN breaks (its gap to 8 x 16 with its
+    interval) and the best fix and the best without per-step communication with their states;
+    under it, BN's and GroupNorm's states across per-rank batches (once every batch is judged)
+    and the earlier protocol's tables. None until the advice row exists."""
+    row = advice_row(data)
+    if row is None:
+        return []
+    cells = data.runs.cells
+    g, state = bn_states(cells)[2]
+    text = (f"At {RANKS} x 2 (global batch {2 * RANKS}) on resnet20, BN {state}, losing "
+            f"{g['gap']:.1f} points (95% CI {fmt(g['lo'])} to {fmt(g['hi'])}) to {RANKS} x "
+            f"{BATCHES[0]}; {best_two(row, short=SHORT)}.")
+    under = [Finding(t, "practice", extends="practice") for t in [across(data)] if t]
+    under.append(Finding(earlier(), "recover", rules.mark(recover.RULES), extends="practice"))
+    return [Finding(text, "practice", rules.mark(RULES), rank=2, after=others(row),
+                    replaces=REPLACES), *under]
+
+
+def across(data: Practice) -> str:
+    """BN's state at each per-rank batch below the reference and whether GroupNorm and
+    GroupNorm+WS stay flat, in a sentence; "" while any is to come."""
+    cells = data.runs.cells
+    bn = {b: s for b, (_, s) in bn_states(cells).items()}
+    flat = {f: flatness(cells, f)[0] for f in ("gn", "gnws")}
+    if "to come" in bn.values() or "to come" in flat.values():
+        return ""
+    by = {s: [str(b) for b in BATCHES[1:] if bn[b] == s] for s in ("holds", "breaks",
+                                                                      "unclear")}
+    said = [f"{'is ' * (s == 'unclear')}{s} at {page.listed(bs)}" for s, bs in by.items() if bs]
+    return (f"From {BATCHES[0]} to 2 images per rank, BN {', '.join(said)}; GroupNorm is "
+            f"{flat['gn']} and GroupNorm+WS {flat['gnws']} (flat: every gap to its own "
+            f"{RANKS} x {BATCHES[0]} within the seeds' noise).")
+
+
+def earlier() -> str:
+    """Where the earlier, smaller-batch protocol's tables are, in a sentence."""
+    epochs = next(o.split("=")[1] for o in recover.reference("") if o.startswith("epochs="))
+    return (f"The earlier protocol, 4 ranks x 2 (global batch 8) for {epochs} epochs on two "
+            "inputs, ranks the fixes in table-recover; [table-converge]"
+            f"(experiments/converge/table.md) trains them {converge.EPOCHS} epochs, and "
+            "[table-batch](experiments/batch/table.md) tries Wu and He's layout at 4 ranks.")
+
+
+def others(row: dict) -> str:
+    """The README's other GroupNorm numbers beside this table's, each with what differs."""
+    gn = row["fixes"].get("gn")
+    here = "" if gn is None else (
+        f"Plain GroupNorm at {RANKS} x 2 {versus(gn)} in finding 2's table ({row['epochs']} "
+        "epochs, the rate its held-out pilot chose). ")
+    return here + finding_four()
