@@ -119,14 +119,16 @@ def read() -> list[dict]:
     return first + ([advice] if "where" in advice else [])
 
 
-def nearest(entries: list[dict], values: int | None) -> tuple[dict, list[dict]]:
-    """The entry whose values per channel at the break are nearest to `values` (on a log
-    scale: 2 is as far from 8 as 8 from 32), table-practice's where it is as near (its rule
-    `advice`), and the others; the first entry where `values` or an entry's own is unknown."""
-    best = min(entries, key=lambda e: _distance(e, values)) if values else entries[0]
-    near = [best, *as_near([e for e in entries if e is not best], best, values)[0]]
-    best = next((e for e in near if table_of(e) == PRACTICE_TABLE), best)
-    return best, [e for e in entries if e is not best]
+def nearest(entries: list[dict], values: int | None) -> tuple[dict, list[dict], list[dict]]:
+    """(the entry cited first, those as near, the rest): the entry whose values per channel at
+    the break are nearest to `values` (on a log scale: 2 is as far from 8 as 8 from 32), or
+    table-practice's where it is as near (its rule `advice`); as near: within TIE of the
+    nearest, whichever is cited first; the first entry where `values` or an entry's own is
+    unknown."""
+    closest = min(entries, key=lambda e: _distance(e, values)) if values else entries[0]
+    near = [closest, *as_near([e for e in entries if e is not closest], closest, values)[0]]
+    best = next((e for e in near if table_of(e) == PRACTICE_TABLE), closest)
+    return best, [e for e in near if e is not best], [e for e in entries if e not in near]
 
 
 def _distance(e: dict, values: int | None) -> float:
@@ -203,8 +205,7 @@ def measured(fix: str, values: int | None = None) -> str:
     entries = [e for e in read() if fix in e.get("fixes", {})]
     if not entries:
         return ""
-    here, others = nearest(entries, values)
-    ties, rest = as_near(others, here, values)
+    here, ties, rest = nearest(entries, values)
     state = here["fixes"][fix]["state"]
 
     def its(e: dict) -> str:
@@ -272,13 +273,12 @@ def without_communication(options: str = "the lines below are options",
     if not entries:
         return ("without per-step communication: which fix recovers most at the break has not "
                 f"been measured yet ({TABLE}); {options}, not yet ranked at the break")
-    here, others = nearest(entries, values)
+    here, ties, rest = nearest(entries, values)
 
     def differs(o: dict) -> bool:
         return (o["best_free"]["fix"], o["best_free"]["state"] == "no better") != \
             (here["best_free"]["fix"], here["best_free"]["state"] == "no better")
 
-    ties, rest = as_near(others, here, values)
     return ("without per-step communication: "
             + _nearest_said(here, ties, values, _free_head, lambda t: _tie_head(t, here),
                             _free_line)

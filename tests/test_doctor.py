@@ -493,3 +493,17 @@ def test_table_practices_row_comes_first_where_it_is_as_near_as_table_recovers(
         "table-recover: experiments/recover/table.md in bnlab's repository)" in out
     assert "- gn with groups=16 (table-practice's count; " in out
     assert "; table-practice finds them supported at global batches 16 to 128 (P)" in out
+
+
+def test_as_near_is_measured_from_the_nearest_input_not_the_one_cited_first():
+    """table-practice's row is cited first where it is as near as the nearest input; the
+    inputs cited beside it are those as near as that nearest input, not as near as the
+    promoted row (which could bring in one farther than TIE from the nearest)."""
+    from bnlab.advice import TIE, nearest
+
+    r = {"table": "table-recover", "values": 128}
+    p = {"table": "table-practice", "values": round(128 * 2 ** (0.8 * TIE))}  # as near as r
+    q = {"table": "table-recover", "values": round(128 * 2 ** (1.4 * TIE))}  # near p, not r
+    assert nearest([r, p, q], 128) == (p, [r], [q])
+    assert nearest([r, q], 128) == (r, [], [q])
+    assert nearest([q, r], None) == (q, [], [r])  # unknown values: the first entry
