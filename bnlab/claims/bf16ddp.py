@@ -129,7 +129,7 @@ def plot(d: RunsData, path: Path) -> None:
         for i, by in enumerate(BY):
             run = runs_of(d, by).get(s)
             if run is not None:
-                xs, ys = steps_and(run, "train/loss")
+                xs, ys = run.series("train/loss", by="step")
                 ax.plot(xs, ys, color=f"C{i}", lw=1, label=f"{by} (this CPU)")
                 drawn = drawn or bool(xs)
         if isinstance(cuda.get(s), int):
@@ -140,12 +140,6 @@ def plot(d: RunsData, path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     save(fig, path, "bf16 at 4 x 2: train loss until divergence, simulated against real DDP")
-
-
-def steps_and(run: Run, key: str) -> tuple[list[int], list[float]]:
-    """`key` at every line that logged it, by optimizer step."""
-    pts = [(r["step"], r[key]) for r in run.rows if r.get(key) is not None and "step" in r]
-    return [p[0] for p in pts], [p[1] for p in pts]
 
 
 def verdicts(d: RunsData) -> list[Verdict]:

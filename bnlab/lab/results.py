@@ -79,9 +79,9 @@ class Run:
         vals = [r[key] for r in self.rows if key in r]
         return vals[-1] if vals else None
 
-    def series(self, key: str) -> tuple[list[float], list[float]]:
-        """`key` at every line that logged it: epochs, values."""
-        pts = [(r["epoch"], r[key]) for r in self.rows if r.get(key) is not None]
+    def series(self, key: str, by: str = "epoch") -> tuple[list[float], list[float]]:
+        """`key` at every line that logged it: the lines' `by` (epoch, or step), values."""
+        pts = [(r[by], r[key]) for r in self.rows if r.get(key) is not None and by in r]
         return [p[0] for p in pts], [p[1] for p in pts]
 
     @cached_property
