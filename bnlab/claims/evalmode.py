@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from bnlab.lab.page import results_kernels
 from bnlab.lab.plan import plan
 from bnlab.lab.results import eval_json
 from bnlab.lab.spec import data_tag
@@ -72,7 +73,7 @@ def table(res: dict) -> str:
     lines = ["# Eval mode vs train mode (C10)", "",
              TABLE.generated + " from "
              "`results.json`: `evaluate.py` on each run's final checkpoint "
-             f"(data `{res['tag']}`, {res['date']}).", "",
+             f"(data `{res['tag']}`, {res['date']}).", "", results_kernels(res), "",
              "| run | " + " | ".join(c.replace(", ", " ") for c in cols) + " |",
              "|---" * (len(cols) + 1) + "|"]
     for label, e in evals.items():

@@ -19,6 +19,7 @@ from pathlib import Path
 from bnlab.errors import BnlabError
 from bnlab.jitter import MIN_EVALS, step_sd
 from bnlab.lab.figures import plt, save
+from bnlab.lab.page import kernels_line
 from bnlab.lab.plan import run_dir
 from bnlab.lab.results import Run
 from bnlab.lab.spec import load_spec
@@ -103,6 +104,7 @@ def render(c: Curves) -> str:
     lines = ["# How the loss is logged (C13)", "",
              TABLE.generated + " from the runs' "
              "metrics.jsonl; no training.", "",
+             kernels_line([Run.read(d, seed) for d in runs.values()]), "",
              "| run | train lines | sparse: step-to-step sd | mean: step-to-step sd | ratio | "
              "sparse: range | mean: range |", "|---|---|---|---|---|---|---|"]
     for label, d in runs.items():

@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from bnlab.lab.page import results_kernels
 from bnlab.lab.table import Context, Table, Verdict
 from bnlab.paths import ROOT
 
@@ -229,7 +230,7 @@ def table(res: dict) -> str:
              f"`results.json`, measured {res['date']} at commit `{str(res['commit'])[:10]}` on "
              f"{res['machine']}; torch {res['torch']}. Resnet20 (resnet18 for the last case) "
              f"on generated images, 2 gloo processes, {STEPS} steps at lr 0.1, each rank "
-             "drawing different images.", "",
+             "drawing different images.", "", results_kernels(res), "",
              "| pitfall | set-up | torch on its own | bnlab |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {x} | {y} |" for a, b, x, y in rows]
     lines += ["", f"**C11 verdict: {v.verdict}.** {v.why}", ""]
@@ -268,10 +269,11 @@ def measure(ctx: Context | None = None) -> dict:
     """Every case, run now, with where and with what it ran."""
     import torch
 
+    from bnlab import floatenv
     from bnlab.rundir import git_commit, machine
 
     res = {"date": time.strftime("%Y-%m-%d"), "commit": git_commit(), "machine": machine(),
-           "torch": torch.__version__}
+           "torch": torch.__version__, "floats": floatenv.record()}
     for key, (title, fn) in CASES.items():
         print(f"{title} ...", flush=True)
         res[key] = fn()

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bnlab.lab.figures import plt, save
-from bnlab.lab.page import seeds_line, wall_line
+from bnlab.lab.page import results_kernels, seeds_line, wall_line
 from bnlab.lab.plan import plan
 from bnlab.lab.results import train_seconds
 from bnlab.lab.spec import data_tag
@@ -135,7 +135,7 @@ def table(res: dict) -> str:
              "per-batch variances. The project's default is "
              f"`estimator={DEFAULT[0]} pooling={DEFAULT[1]} num_samples={DEFAULT[2]} "
              f"batch={DEFAULT[3]}`. " + seeds_line(runs.values()), "",
-             wall_line(res), "",
+             wall_line(res), "", results_kernels(res), "",
              f"## By number of samples (batch 32; train/pooled: mean ± sd over {REPEATS} "
              "draws of images)", "",
              "| run | setting | EMA (no PreciseBN) | " + " | ".join(map(str, SAMPLES)) + " |",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bnlab.errors import BnlabError
 from bnlab.lab.figures import plt, save
-from bnlab.lab.page import seeds_line, wall_line
+from bnlab.lab.page import results_kernels, seeds_line, wall_line
 from bnlab.lab.plan import plan
 from bnlab.lab.results import eval_json, train_seconds
 from bnlab.lab.spec import data_tag
@@ -87,7 +87,7 @@ def table(res: dict) -> str:
              f"`results.json`: each run's final checkpoint (data `{res['tag']}`, "
              f"{res['date']}). bn, 4 simulated ranks x 2 images. "
              + seeds_line(runs.values()), "",
-             wall_line(res), "",
+             wall_line(res), "", results_kernels(res), "",
              "## Divergence across ranks", "",
              "Per layer: the largest difference between a rank's running mean and rank 0's, "
              "over ranks and channels, in units of rank 0's running std (`div_mean`), and the "

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bnlab.errors import BnlabError
 from bnlab.lab.figures import plt, save
-from bnlab.lab.page import seeds_line, wall_line
+from bnlab.lab.page import results_kernels, seeds_line, wall_line
 from bnlab.lab.plan import plan
 from bnlab.lab.results import finished_run, train_seconds
 from bnlab.lab.spec import data_tag
@@ -145,7 +145,7 @@ def table(res: dict) -> str:
              f"(data `{res['tag']}`, {res['date']}). 4 simulated ranks x 2 images, resnet18; "
              "`skewed`: each global batch of 8 sorted by label before it is split across the "
              "ranks (`data.rank_skew=true`). " + seeds_line(res["cells"].values()), "",
-             wall_line(res), "",
+             wall_line(res), "", results_kernels(res), "",
              "## Val acc", "",
              "| norm | batches | final val acc | best | swing | train loss, last epoch | "
              "status |", "|---|---|---|---|---|---|---|"]

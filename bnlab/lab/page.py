@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -134,7 +135,12 @@ def provenance(cells: list[CellResult], tag: str, root: Path = RUNS, budget: int
 def kernels_line(runs: list) -> str:
     """How many runs computed on each CPU's kernels (capability and vendor, from run.json's
     floats; a run counts under each it started or resumed on)."""
-    on = Counter(c or "not recorded" for r in runs for c in set(floatenv.kernels_all(r.info)))
+    return kernels_said([r.info for r in runs])
+
+
+def kernels_said(infos: list[dict]) -> str:
+    """kernels_line from the runs' run.json contents."""
+    on = Counter(c or "not recorded" for i in infos for c in set(floatenv.kernels_all(i)))
     words = "; ".join(f"{k}: {n} run{'s' * (n != 1)}" + (", made before runs recorded it"
                                                            if k == "not recorded" else "")
                       for k, n in sorted(on.items()))
@@ -203,3 +209,37 @@ def metric_cells(c: CellResult) -> list[str]:
     """A cell's row under METRIC_HEADER."""
     return [c.seeds_note(), c.stat("final").fmt(), c.stat("best").fmt(),
             c.stat("swing").fmt(), c.stat("step_sd").fmt(), c.stat("loss").fmt(2)]
+
+
+def results_kernels(res: dict, root: Path = RUNS) -> str:
+    """The kernels line of a results.json page: of the runs it names (each `run` and `runs`
+    entry, under the runs folder or its data tag there), or of the machine that measured it
+    where it names none (its `floats`, recorded by the measuring command; "not recorded" in
+    results measured before it was)."""
+    named: list[str] = []
+
+    def walk(x) -> None:
+        if isinstance(x, dict):
+            for k, v in x.items():
+                if k in ("run", "runs") and isinstance(v, str | list):
+                    named.extend([v] if isinstance(v, str) else
+                                 [u for u in v if isinstance(u, str)])
+                else:
+                    walk(v)  # a `runs` by label holds each run's entry
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(res)
+    if not named:
+        floats = res.get("floats")
+        return ("- CPU kernels of the machine that measured it (`floats` in results.json): "
+                + (floatenv.kernels_of(floats) or "not recorded" if floats else
+                   "not recorded, measured before results recorded them"))
+    infos = []
+    for d in dict.fromkeys(named):
+        f = next((x for x in (root / d / "run.json", root / res.get("tag", "") / d / "run.json")
+                  if x.is_file()), None)
+        infos.append(json.loads(f.read_text()) if f else {})
+    return kernels_said(infos)
+

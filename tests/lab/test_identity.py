@@ -58,3 +58,23 @@ def test_the_page_counts_runs_by_kernels_and_names_seeds_paired_across_them():
     (line,) = page.crossed([a, b])
     assert "seed 0: AVX2 in 1 cell(s), AVX512 on Intel in 1 cell(s)" in line
     assert "seed 1: AVX512 on AMD in 1 cell(s), not" not in line  # not recorded: not crossed
+
+
+def test_a_results_page_counts_the_kernels_of_the_runs_it_names_or_of_its_machine(tmp_path):
+    import json
+
+    for name, cap in (("bn-4x2/seed1", "AVX2"), ("syncbn-4x2/seed1", None)):
+        d = tmp_path / "cifar10-5085" / name
+        d.mkdir(parents=True)
+        floats = {"cpu_capability": cap, "cpu": {"vendor": "AuthenticAMD"}} if cap else None
+        (d / "run.json").write_text(json.dumps({"floats": floats} if floats else {}))
+    res = {"tag": "cifar10-5085",  # a run by path, and runs by label (each an entry)
+           "cells": {"bn": {"run": "bn-4x2/seed1"}},
+           "runs": {"syncbn": {"run": "syncbn-4x2/seed1"}, "bn": {"run": "bn-4x2/seed1"}}}
+    assert page.results_kernels(res, tmp_path) == (
+        "- CPU kernels (`floats.cpu_capability` and `cpu.vendor` in run.json): AVX2 on AMD: 1 "
+        "run; not recorded: 1 run, made before runs recorded it")  # each run once
+    measured = {"floats": {"cpu_capability": "AVX512", "cpu": {"vendor": "GenuineIntel"}}}
+    assert page.results_kernels(measured, tmp_path).endswith(": AVX512 on Intel")
+    assert page.results_kernels({}, tmp_path).endswith(
+        "not recorded, measured before results recorded them")
