@@ -112,3 +112,25 @@ def test_variance_split_adds_up_and_finds_the_statistics_noise():
     assert parts["statistics"] == pytest.approx(9.0, rel=0.1)
     with pytest.raises(ValueError, match="cannot be split"):
         jitter.variance_split(weights[:10], weights[:9])
+
+
+def test_a_once_an_epoch_reading_needs_every_epoch_end_of_the_plateau(tmp_path):
+    """`recal` (val/acc_precise at epoch ends) and `ends` (val/acc at epoch ends) give a plateau
+    mean from the plateau's 5 epoch ends of a 10-epoch run, none from fewer; other kinds need
+    jitter.MIN_EVALS evaluations; Run.series reads by step as by epoch."""
+    from bnlab.lab.results import plateau_ends
+    from conftest import fake_headline_run
+
+    r = fake_headline_run(tmp_path / "r", [float(i) for i in range(100)], epochs=10,
+                          precise=1.0)  # val/acc i at step i + 1, epoch (i + 1) / 10
+    assert plateau_ends(10) == 5
+    assert r.jitter(10, "ends")["plateau_acc"] == pytest.approx((59 + 69 + 79 + 89 + 99) / 5)
+    assert r.jitter(10, "recal")["plateau_acc"] == pytest.approx((59 + 69 + 79 + 89 + 99) / 5
+                                                                  + 1.0)
+    short = fake_headline_run(tmp_path / "s", [float(i) for i in range(90)], epochs=10,
+                              precise=1.0)  # 9 epochs logged: 4 epoch ends on the plateau
+    assert short.jitter(10, "recal") == {} and short.jitter(10, "ends") == {}
+    few = fake_headline_run(tmp_path / "f", [50.0] * 14, epochs=2)  # 4 evaluations on it
+    assert few.jitter(2) == {}
+    steps, accs = r.series("val/acc", by="step")
+    assert steps[:2] == [1, 2] and accs[:2] == [0.0, 1.0]

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from bnlab.lab.analysis import mean_interval
-from bnlab.lab.results import CellResult
+from bnlab.lab.results import CellResult, paired_kind
 from bnlab.lab.rules import Rules
 from bnlab.lab.table import RunsData, complete
 
@@ -89,7 +89,8 @@ def pairs(c: CellResult, ref: CellResult) -> tuple[list[float], list[float], lis
             gone.append(s)
         if a.diverged or b.diverged:
             continue
-        ja, jb = a.jitter(c.epochs, c.kind), b.jitter(ref.epochs, ref.kind)
+        ja = a.jitter(c.epochs, paired_kind(c.kind, ref.kind))
+        jb = b.jitter(ref.epochs, paired_kind(ref.kind, c.kind))
         if ja.get("plateau_acc") is not None and jb.get("plateau_acc") is not None:
             gaps.append(jb["plateau_acc"] - ja["plateau_acc"])
         if (ja.get("vn_sd") or 0) > 0 and (jb.get("vn_sd") or 0) > 0:

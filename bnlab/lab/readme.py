@@ -108,12 +108,13 @@ def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]],
 
 
 def shown_figures(tables: list[Table], found: list[Finding]) -> list[str]:
-    """The headline figures the README shows: a figure follows its table's finding, shown
-    where the table has one on the first screen (or gives no findings at all), left out where
-    another table's finding replaces it."""
+    """The headline figures the README shows: every table's, less those of tables another
+    shown finding replaces, and of tables whose figure waits for their finding
+    (`headline_told`) while it is not shown."""
     told = {f.table for f in found}
+    gone = {t for f in found for t in f.replaces}
     return [f"experiments/{t.name}/{t.headline}" for t in tables
-            if t.headline and (t.name in told or t.finding is None)]
+            if t.headline and t.name not in gone and (t.name in told or not t.headline_told)]
 
 
 # the README's first screen reads in a minute: its highest-ranked findings only (the others

@@ -134,12 +134,15 @@ class Run:
         acc_key, loss_key = SERIES[kind]
         if self.diverged:
             return {}
-        ep, accs = self.series(acc_key)
+        ep, accs = ends(*self.series(acc_key)) if kind in ONE_AN_EPOCH else \
+            self.series(acc_key)
         w = jitter.plateau(ep, accs, total_epochs)
         if len(w) < jitter.MIN_EVALS:  # too few for jitter; one an epoch still has a mean
             return {"plateau_acc": float(sum(w) / len(w)), "n_evals": len(w),
-                    "final": accs[-1]} if w and kind in ONE_AN_EPOCH else {}
-        lep, losses = self.series(loss_key)
+                    "final": accs[-1]} if kind in ONE_AN_EPOCH and w and \
+                len(w) >= plateau_ends(total_epochs) else {}
+        lep, losses = ends(*self.series(loss_key)) if kind in ONE_AN_EPOCH else \
+            self.series(loss_key)
         lw = jitter.plateau(lep, losses, total_epochs)
         slope, _ = jitter.trend(w)
         out = {"plateau_acc": float(sum(w) / len(w)), "swing": jitter.swing(w),
@@ -168,9 +171,29 @@ SERIES = {"ema": ("val/acc", "val/loss"), "precise": ("decomp/acc_precise", "dec
           "batch": ("decomp/acc_batch", "decomp/loss_batch"),
           # precise_bn=every_epoch: the evaluation just after each epoch end's recalibration
           "recal": ("val/acc_precise", "val/loss_precise")}
-# kinds evaluated once an epoch: their plateau mean is read from however many there are (a
-# 10-epoch run has 5 on its plateau), their jitter only from jitter.MIN_EVALS
-ONE_AN_EPOCH = ("recal",)
+SERIES["ends"] = SERIES["ema"]  # val/acc at epoch ends only: what a `recal` cell pairs with
+SERIES["all"] = SERIES["ema"]   # val/acc at every evaluation, whatever it pairs with
+# kinds read at epoch ends, one evaluation an epoch: their plateau mean needs every epoch end
+# of the plateau (5 in a 10-epoch run), their jitter jitter.MIN_EVALS
+ONE_AN_EPOCH = ("recal", "ends")
+
+
+def ends(epochs: list[float], values: list[float]) -> tuple[list[float], list[float]]:
+    """The points at whole epochs (the evaluation at each epoch's end)."""
+    keep = [i for i, e in enumerate(epochs) if abs(e - round(e)) < 1e-9]
+    return [epochs[i] for i in keep], [values[i] for i in keep]
+
+
+def plateau_ends(total_epochs: float) -> int:
+    """How many epoch ends the plateau window holds (jitter.on_plateau)."""
+    return sum(jitter.on_plateau(e, total_epochs) for e in range(1, int(total_epochs) + 1))
+
+
+def paired_kind(kind: str, other: str) -> str:
+    """The evaluations a cell read at `kind` is read at beside a cell read at `other`: val/acc
+    at epoch ends only (`ends`) beside a once-an-epoch kind, so both sides sample the same
+    points of the plateau; `kind` otherwise (`all` is val/acc at every evaluation always)."""
+    return "ends" if kind == "ema" and other in ONE_AN_EPOCH else kind
 
 
 def run_minutes(runs: list[Run]) -> float:

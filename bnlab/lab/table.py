@@ -131,6 +131,7 @@ class Table:
     target: str = ""     # default: table-<name>
     spec: Path | None = None  # the sweep it trains; default: experiments/<name>/sweep.yaml
     headline: str = ""   # a figure (experiments/<name>/...): its block also opens README.md
+    headline_told: bool = False  # that figure shown only while its finding is on the README
     finding: Callable[[Any], list[Finding]] | None = None  # the README's findings from it
     rules: str = ""      # experiments/<rules>/rules.yaml: the mark on its verdicts
     also: Callable[[Any, Path], None] | None = None  # other outputs into experiments/<name>/

@@ -164,7 +164,8 @@ def test_its_finding_tells_finding_2_once_the_8x2_cells_have_their_seeds(spec, t
     assert "to 8 x 16; SyncBN in 4-rank groups regains 89% of BN's loss, recovers" \
         in top.text and "communication-free GroupNorm " in top.text  # its best two, states
     assert top.rank == 2 and set(top.replaces) == {"recover", "converge"}
-    assert "Plain GroupNorm at 8 x 2 plateaus " in top.after and "Finding 4 trains" in top.after
+    assert "Plain GroupNorm at 8 x 2 ends 8.0 points above BN" in top.after and \
+        "Finding 4 trains" in top.after
     assert under[0].text == ("From 16 to 2 images per rank, BN holds at 8, breaks at 4 and 2; "
                              "GroupNorm is flat and GroupNorm+WS drops (flat: every gap to "
                              "its own 8 x 16 within the seeds' noise).")

@@ -41,10 +41,28 @@ def test_a_figure_follows_its_tables_finding():
     assert shown_figures(tables, before) == ["experiments/lr/lr.png",
                                              "experiments/values/values.png",
                                              "experiments/recover/recover.png"]
-    after = [Finding("BN breaks.", "values"), Finding("Fix B.", "practice"),
+    after = [Finding("BN breaks.", "values"), Finding("Fix B.", "practice",
+                                                    replaces=("recover", "converge")),
              Finding("C1.", "lr")]
     assert shown_figures(tables, after)[-1] == "experiments/practice/practice.png"
     assert "experiments/recover/recover.png" not in shown_figures(tables, after)
+    quiet = [Finding("BN breaks.", "values"), Finding("C1.", "lr")]  # recover's: to come
+    assert "experiments/recover/recover.png" in shown_figures(tables, quiet)  # it stays
+    assert "experiments/practice/practice.png" not in shown_figures(tables, quiet)
+
+
+def test_the_readme_shows_what_its_findings_give(monkeypatch):
+    """The README's figures are what shown_figures gives for the findings it shows."""
+    from bnlab.lab import readme
+    from bnlab.lab.table import Finding
+
+    text = (ROOT / "README.md").read_text()
+    shown = re.findall(r"!\[\w+\]\((experiments/\w+/\w+\.png)\)", text)
+    told = re.findall(r"\n\d+\. .*?\(\[table-(\w+)\]", text)  # each numbered finding's table
+    found = [Finding("", t, replaces=practice.REPLACES if t == "practice" else ())
+             for t in told]
+    assert shown == readme.shown_figures([lr.TABLE, values.TABLE, recover.TABLE,
+                                          practice.TABLE], found)
 
 
 @pytest.mark.parametrize("name", sorted(SHOWN))

@@ -183,7 +183,7 @@ def test_the_precise_rows_say_how_many_evaluations_equal_bn_s(tmp_path):
                                       seed=r.seed, precise=3.0) for r in bn.runs]
     n = sum("val/acc" in row for r in bn.runs for row in r.rows)
     note = recover.precise_note(d)[0]
-    assert "(5 on each run's plateau: too few for jitter" in note  # epochs 6 to 10's ends
+    assert "(5 on each run's plateau: fewer than the 8 jitter needs" in note  # epochs 6-10
     assert f"and {n} of their {n} val/acc evaluations equal their seed's bn run" in note
     assert recover.precise_note(data(tmp_path / "none", LEVELS)) == []
 
@@ -197,7 +197,7 @@ def test_the_precise_rows_read_the_evaluation_after_each_recalibration(tmp_path)
     assert all(c.kind == "ema" for c in d.cells if c is not precise)
     now = recover.measure(d, precise)
     assert now["gain"]["gap"] == pytest.approx(3.0, abs=0.6)  # its own seeds' noise aside
-    old = recover.at_val_acc(recover.Recover(d))
+    old = recover.read_as(recover.Recover(d), 2)
     was = recover.measure(old.runs, next(c for c in old.runs.cells
                                          if c.cell.meta["fix"] == "precise"))
     assert abs(was["gain"]["gap"]) < 0.6 and was["state"] == "no better"
@@ -206,4 +206,32 @@ def test_the_precise_rows_read_the_evaluation_after_each_recalibration(tmp_path)
     assert "| - | - |" in text.split("| precise cell |")[1].split("\n")[0]  # no jitter shown
     assert "Version 3 (commit" in text and \
         "Without it the rules give: the precise rows read at val/acc: on resnet20, gain over " \
-        f"bn {was['gain']['gap']:+.1f}" in text
+        f"bn {recover.signed(was['gain']['gap'])}" in text
+
+
+def test_the_precise_rows_pair_with_bn_and_the_reference_at_the_same_epoch_ends(tmp_path):
+    # accuracy still rises on the plateau (half a point an evaluation); precise's val/acc_precise
+    # equals bn's own val/acc at each epoch end (no gain at all): read beside bn's every
+    # evaluation (rules v3) the timing alone would look like a gain; at the same epoch ends
+    # (v4) it is none
+    cells = []
+    for fix, level in (("reference", 60.0), ("bn", 50.0), ("precise", 50.0)):
+        runs = []
+        for s in range(5):
+            rng = np.random.default_rng(s)  # precise's curve is bn's, seed for seed
+            curve = [level + 0.5 * i + s * 0.3 + rng.normal(0, 0.3) for i in range(100)]
+            runs.append(fake_headline_run(tmp_path / fix / f"s{s}", curve, epochs=10, seed=s,
+                                          precise=0.0 if fix == "precise" else None))
+        cells.append(CellResult(Cell(f"{fix} cell", [], list(range(5)), cfg={"epochs": 10},
+                                     meta={"fix": fix}), runs, 5))
+    spec = Spec("recover", "T", "headline", [c.cell for c in cells], tmp_path / "s.yaml", {})
+    d = recover.read_by_rule(RunsData(spec, cells, "cifar10-5085", tmp_path, tmp_path))
+    precise = d.cells[2]
+    now = recover.measure(d, precise)
+    assert now["gain"]["gap"] == pytest.approx(0.0, abs=1e-9)  # the same points, the same values
+    old = recover.read_as(recover.Recover(d), 3)
+    was = recover.measure(old.runs, old.runs.cells[2])["gain"]["gap"]
+    assert was == pytest.approx(2.25, abs=0.3)  # epochs 6-10's ends against 5.1-10.0's mean
+    assert recover.read_as_v3(recover.Recover(d)).startswith(
+        "the precise rows read at val/acc_precise beside bn and the reference at every "
+        "evaluation of their plateau: on resnet20, gain over bn +2.")

@@ -4,6 +4,8 @@ sentence that places the README's other GroupNorm numbers beside it."""
 
 from __future__ import annotations
 
+import math
+
 from bnlab.claims import converge, recover
 from bnlab.claims.practice.cells import Practice, bn_states, flatness
 from bnlab.claims.practice.doctor import advice_row
@@ -17,6 +19,9 @@ from bnlab.lab.table import Finding
 # under it as the earlier, smaller-batch protocol)
 REPLACES = ("recover", "converge")
 # each fix's name where the finding's word budget wants it shorter than the page's
+# a state after its subject: "BN breaks", "BN is unclear", "GroupNorm is flat", "... drops"
+IS = {"breaks": "breaks", "holds": "holds", "drops": "drops", "flat": "is flat",
+      "unclear": "is unclear"}
 SHORT = {**recover.SHORT, "syncbn4": "SyncBN in 4-rank groups", "precise": "PreciseBN",
          "frozen_bn": "frozen BN", "brn": "Batch Renorm"}
 
@@ -31,9 +36,11 @@ def finding(data: Practice) -> list[Finding]:
         return []
     cells = data.runs.cells
     g, state = bn_states(cells)[2]
-    text = (f"At {RANKS} x 2 (global batch {2 * RANKS}) on resnet20, BN {state}, losing "
-            f"{g['gap']:.1f} points (95% CI {fmt(g['lo'])} to {fmt(g['hi'])}) to {RANKS} x "
-            f"{BATCHES[0]}; {best_two(row, short=SHORT)}.")
+    lost = (f", losing {g['gap']:.1f} points (95% CI {fmt(g['lo'])} to {fmt(g['hi'])}) to "
+            f"{RANKS} x {BATCHES[0]}" if math.isfinite(g["gap"]) else
+            f" (it diverged where {RANKS} x {BATCHES[0]} did not)")
+    text = (f"At {RANKS} x 2 (global batch {2 * RANKS}) on resnet20, BN {IS[state]}{lost}; "
+            f"{best_two(row, short=SHORT)}.")
     under = [Finding(t, "practice", extends="practice") for t in [across(data)] if t]
     under.append(Finding(earlier(), "recover", rules.mark(recover.RULES), extends="practice"))
     return [Finding(text, "practice", rules.mark(RULES), rank=2, after=others(row),
@@ -50,9 +57,9 @@ def across(data: Practice) -> str:
         return ""
     by = {s: [str(b) for b in BATCHES[1:] if bn[b] == s] for s in ("holds", "breaks",
                                                                       "unclear")}
-    said = [f"{'is ' * (s == 'unclear')}{s} at {page.listed(bs)}" for s, bs in by.items() if bs]
-    return (f"From {BATCHES[0]} to 2 images per rank, BN {', '.join(said)}; GroupNorm is "
-            f"{flat['gn']} and GroupNorm+WS {flat['gnws']} (flat: every gap to its own "
+    said = [f"{IS[s]} at {page.listed(bs)}" for s, bs in by.items() if bs]
+    return (f"From {BATCHES[0]} to 2 images per rank, BN {', '.join(said)}; GroupNorm "
+            f"{IS[flat['gn']]} and GroupNorm+WS {IS[flat['gnws']]} (flat: every gap to its own "
             f"{RANKS} x {BATCHES[0]} within the seeds' noise).")
 
 
@@ -69,6 +76,7 @@ def others(row: dict) -> str:
     """The README's other GroupNorm numbers beside this table's, each with what differs."""
     gn = row["fixes"].get("gn")
     here = "" if gn is None else (
-        f"Plain GroupNorm at {RANKS} x 2 {versus(gn)} in finding 2's table ({row['epochs']} "
+        f"Plain GroupNorm at {RANKS} x 2 {versus(gn, 'ends')} in finding 2's table "
+        f"({row['epochs']} "
         "epochs, the rate its held-out pilot chose). ")
     return here + finding_four()

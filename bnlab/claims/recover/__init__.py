@@ -51,12 +51,13 @@ from bnlab.claims.recover.words import (
     finding,
     precise_note,
     read_as_ema,
+    read_as_v3,
+    signed,
     states_in_words,
     superseded,
 )
 from bnlab.lab import page, rules, table
 from bnlab.lab.figures import nothing_yet, plt, save
-from bnlab.lab.results import fmt
 from bnlab.lab.table import Verdict
 
 
@@ -75,14 +76,15 @@ def render(data: Recover) -> str:
                      c.jstat("vn_sd").fmt(2), c.jstat("churn_floor").fmt(2), *(
                          ["-"] * 3 + ["reference" if ref else "undecided (runs still to come)"]
                          if m is None else
-                         [f"{m['gap']['gap']:+.1f} ({fmt(m['gap']['lo'])} to "
-                          f"{fmt(m['gap']['hi'])})",
+                         [f"{signed(m['gap']['gap'])} ({signed(m['gap']['lo'], 1, '')} to "
+                          f"{signed(m['gap']['hi'], 1, '')})",
                           "-" if m["state"] == "bn" else
-                          f"{m['gain']['gap']:+.1f} ({fmt(m['gain']['lo'])} to "
-                          f"{fmt(m['gain']['hi'])})",
+                          f"{signed(m['gain']['gap'])} ({signed(m['gain']['lo'], 1, '')} to "
+                          f"{signed(m['gain']['hi'], 1, '')})",
                           "-" if m["state"] == "bn" or not math.isfinite(m["share"][0]) else
-                          f"{100 * m['share'][0]:.0f}% ({fmt(pct(m['share'][1]), 0)} to "
-                          f"{fmt(pct(m['share'][2]), 0)})", m["state"]]),
+                          f"{signed(pct(m['share'][0]), 0, '')}% ("
+                          f"{signed(pct(m['share'][1]), 0, '')} to "
+                          f"{signed(pct(m['share'][2]), 0, '')})", m["state"]]),
                      *(step_time(c, t) for t in times.values())])
     return table.runs_page(d, "\n".join([
         page.md_table(["cell", "seeds", "plateau acc (%)", "von Neumann sd (pts)",
@@ -108,7 +110,8 @@ def render(data: Recover) -> str:
         "BN steps as bn does until it freezes. "
         + ("" if times else "No measurement that names its fix yet (rows measured before "
            "they did are not read): run `make bench ONLY=fixes`."), "",
-        *rules.history(RULES, {"read_as_ema": read_as_ema(data)})]))
+        *rules.history(RULES, {"read_as_ema": read_as_ema(data),
+                               "read_as_v3": read_as_v3(data)})]))
 
 
 def plot(data: Recover, path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from bnlab.advice import FREE
 from bnlab.errors import BnlabError
 from bnlab.lab import judge, rules, table
-from bnlab.lab.results import SERIES, CellResult
+from bnlab.lab.results import ONE_AN_EPOCH, SERIES, CellResult, paired_kind
 from bnlab.lab.table import RunsData, bench_section
 from bnlab.paths import BENCH_RESULTS, EXPERIMENTS
 
@@ -52,8 +52,11 @@ Recover = table.Pending  # the table's data: its runs where its spec exists, els
 
 # the evaluations each fix's plateau is read from where not val/acc (rules.yaml `reads`, by its
 # log key): the precise rows read the one just after each epoch end's recalibration
-READS = {fix: next(k for k, (acc, _) in SERIES.items() if acc == key)
-         for fix, key in RULES["reads"].items()}
+RECAL = {acc: k for k, (acc, _) in SERIES.items() if k in ONE_AN_EPOCH and acc != "val/acc"}
+READS = {fix: RECAL.get(key) for fix, key in RULES.raw.get("reads", {}).items()}
+if None in READS.values():
+    raise BnlabError(f"{RULES.path}: `reads` names a log key no once-an-epoch evaluation "
+                     f"logs; use one of {sorted(RECAL)}.")
 
 
 def load(ctx: table.Context) -> Recover:
@@ -72,12 +75,14 @@ def read_by_rule(d: RunsData) -> RunsData:
     return d
 
 
-def at_val_acc(data: Recover) -> Recover:
-    """The same runs with every cell read at val/acc, as rules version 3 replaced: what the
-    old rule gives (a copy; `data` keeps its readings)."""
+def read_as(data: Recover, version: int) -> Recover:
+    """The same runs read as an earlier rules version read them (a copy; `data` keeps its
+    readings): 2, every cell at val/acc; 3, the precise cells at val/acc_precise beside the
+    others at every evaluation of their plateau (version 4 reads those at epoch ends)."""
     if data.runs is None:
         return data
-    cells = [dataclasses.replace(c, kind="ema") for c in data.runs.cells]
+    kind = {2: lambda c: "ema", 3: lambda c: "all" if c.kind == "ema" else c.kind}[version]
+    cells = [dataclasses.replace(c, kind=kind(c)) for c in data.runs.cells]
     return dataclasses.replace(data, runs=dataclasses.replace(data.runs, cells=cells))
 
 
@@ -102,11 +107,13 @@ def by_fix(d: RunsData, fix: str, on: str = FIRST) -> CellResult | None:
     return found[0] if found else None
 
 
-def per_seed(c: CellResult) -> dict[int, float]:
-    """Plateau accuracy by seed, over the seeds that did not diverge."""
+def per_seed(c: CellResult, beside: str = "ema") -> dict[int, float]:
+    """Plateau accuracy by seed, over the seeds that did not diverge, read as beside a cell
+    read at `beside` (results.paired_kind)."""
     out = {}
     for r in c.runs:
-        acc = None if r.diverged else r.jitter(c.epochs, c.kind).get("plateau_acc")
+        acc = None if r.diverged else \
+            r.jitter(c.epochs, paired_kind(c.kind, beside)).get("plateau_acc")
         if acc is not None:
             out[r.seed] = acc
     return out
@@ -116,7 +123,7 @@ def share(c: CellResult, bn: CellResult, ref: CellResult) -> tuple[float, float 
                                                                       float | None]:
     """The share of bn's loss the fix recovers: its mean gain over bn's mean gap, over the seeds
     all three ended, with a bootstrap interval over seeds (rules.yaml `recovered_share`)."""
-    a, b, r = per_seed(c), per_seed(bn), per_seed(ref)
+    a, b, r = per_seed(c), per_seed(bn, c.kind), per_seed(ref, c.kind)
     seeds = sorted(set(a) & set(b) & set(r))
     return judge.ratio_of_means([a[s] - b[s] for s in seeds], [r[s] - b[s] for s in seeds])
 

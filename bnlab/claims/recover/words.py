@@ -23,8 +23,8 @@ from bnlab.claims.recover.cells import (
     picks,
     reference,
 )
+from bnlab.jitter import MIN_EVALS
 from bnlab.lab import page, rules
-from bnlab.lab.results import fmt
 from bnlab.lab.table import Finding, RunsData
 from bnlab.paths import CONFIGS, EXPERIMENTS
 
@@ -42,10 +42,11 @@ def superseded(d: RunsData) -> str:
 
 
 def precise_note(d: RunsData) -> list[str]:
-    """What the precise rows read (rules version 3): val/acc_precise, the evaluation just after
-    each epoch end's recalibration, with how many such evaluations their plateau holds, and why
-    val/acc (what version 2 read) measured BN instead: the evaluations where a precise run's
-    val/acc equals its seed's bn run exactly."""
+    """What the precise rows read (rules versions 3 and 4): val/acc_precise, the evaluation
+    just after each epoch end's recalibration, beside bn and the reference at the same epoch
+    ends, with how many such evaluations their plateau holds, and why val/acc (what version 2
+    read) measured BN instead: the evaluations where a precise run's val/acc equals its seed's
+    bn run exactly."""
     same, total, few = 0, 0, set()
     for inp in INPUTS:
         p, b = by_fix(d, "precise", inp), by_fix(d, "bn", inp)
@@ -58,22 +59,26 @@ def precise_note(d: RunsData) -> list[str]:
             mine = [(row["step"], row["val/acc"]) for row in r.rows if "val/acc" in row]
             same += sum(acc.get(s) == v for s, v in mine)
             total += len(mine)
-    if not total:
+    counts = sorted(x for x in few if x is not None)
+    if not total or not counts:
         return []
-    n = "/".join(str(x) for x in sorted(x for x in few if x is not None)) or "no"
+    jitter_too = "" if min(counts) >= MIN_EVALS else \
+        f": fewer than the {MIN_EVALS} jitter needs, so it is not shown for them"
     return [f"The precise rows read val/acc_precise, the evaluation just after each epoch "
-            f"end's recalibration ({n} on each run's plateau: too few for jitter, which is not "
-            "shown for them). Their val/acc, which every other row reads, is BN's by then: the "
+            f"end's recalibration ({'/'.join(map(str, counts))} on each run's plateau"
+            f"{jitter_too}), and their gap and gain read bn and the reference at the same "
+            "epoch ends, so both sides sample the same points of a plateau on which accuracy "
+            "still rises. Their val/acc, which every other row reads, is BN's by then: the "
             "running statistics' EMA has replaced what the recalibration set, and "
             f"{same} of their {total} val/acc evaluations equal their seed's bn run exactly. "
-            "Reading val/acc_precise is rules version 3, written after the data were seen; "
-            "what version 2 gave is under the rules below.", ""]
+            "These readings are rules versions 3 and 4, written after the data were seen; "
+            "what the earlier versions gave is under the rules below.", ""]
 
 
-def read_as_ema(data: Recover) -> str | None:
-    """What rules version 2 gave the precise rows (each read at val/acc): per input, its gain
+def precise_as(data: Recover, version: int) -> str | None:
+    """What rules version `version` gave the precise rows (cells.read_as): per input, its gain
     over bn, its share and its state; None where no precise row is measured."""
-    old = cells.at_val_acc(data)
+    old = cells.read_as(data, version)
     said_ = []
     for inp in INPUTS:
         c = by_fix(old.runs, "precise", inp) if old.runs is not None else None
@@ -81,11 +86,31 @@ def read_as_ema(data: Recover) -> str | None:
         if m is None:
             continue
         share = "" if not math.isfinite(m["share"][0]) else (
-            f", share {100 * m['share'][0]:.0f}% ({fmt(pct(m['share'][1]), 0)} to "
-            f"{fmt(pct(m['share'][2]), 0)})")
-        said_.append(f"on {inp}, gain over bn {m['gain']['gap']:+.1f} ({fmt(m['gain']['lo'])} "
-                     f"to {fmt(m['gain']['hi'])}){share}, {m['state']}")
-    return ("the precise rows read at val/acc: " + "; ".join(said_)) if said_ else None
+            f", share {signed(pct(m['share'][0]), 0, '')}% ({signed(pct(m['share'][1]), 0, '')}"
+            f" to {signed(pct(m['share'][2]), 0, '')})")
+        said_.append(f"on {inp}, gain over bn {signed(m['gain']['gap'])} ("
+                     f"{signed(m['gain']['lo'], 1, '')} to {signed(m['gain']['hi'], 1, '')})"
+                     f"{share}, {m['state']}")
+    how = {2: "the precise rows read at val/acc",
+           3: "the precise rows read at val/acc_precise beside bn and the reference at every "
+              "evaluation of their plateau"}[version]
+    return f"{how}: " + "; ".join(said_) if said_ else None
+
+
+def read_as_ema(data: Recover) -> str | None:
+    return precise_as(data, 2)
+
+
+def read_as_v3(data: Recover) -> str | None:
+    return precise_as(data, 3)
+
+
+def signed(x: float | None, digits: int = 1, plus: str = "+") -> str:
+    """fmt with a sign (`plus` for positive numbers), a rounded zero unsigned."""
+    if x is None or not math.isfinite(x):
+        return "-"
+    text = f"{x:{plus}.{digits}f}"
+    return text.lstrip("+-") if float(text) == 0 else text
 
 
 def states_in_words(by: rules.Rules = RULES) -> str:
@@ -225,10 +250,10 @@ def finding_four() -> str:
             "default rate, BN at that same rate.")
 
 
-def versus(e: dict) -> str:
+def versus(e: dict, verb: str = "plateaus") -> str:
     """'plateaus 6.0 points below BN', 'plateaus 30.9 points above BN', 'plateaus level with
-    BN': a fix's gain over bn, in words."""
+    BN': a fix's gain over bn, in words (`verb`: "ends" where a table reads end accuracy)."""
     gain = e["gain"]
     if abs(gain) < 0.05:
-        return "plateaus level with BN"
-    return f"plateaus {abs(gain):.1f} points {'above' if gain > 0 else 'below'} BN"
+        return f"{verb} level with BN"
+    return f"{verb} {abs(gain):.1f} points {'above' if gain > 0 else 'below'} BN"
