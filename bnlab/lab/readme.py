@@ -139,24 +139,33 @@ def write_json(path: Path, verdicts: list[Verdict], status: str,
     tmp.replace(path)
 
 
-# the words the findings use, defined before the first of them
-TERMS = ("Terms: 4 x 2: 4 ranks (GPUs) of 2 images each (`batch_per_gpu=2`). Input: a model at "
-         "an image size. Plateau: training's second half. Jitter: val accuracy's moves between "
-         "evaluations, trend removed (von Neumann sd, points); steady: at most 1.5x the test "
-         "set's churn floor. Swing: half the plateau's range. Values per channel: what a BN "
-         "layer averages per channel on one rank. Share of BN's loss against 1 x 8: what a fix "
-         "wins back (recovers, partly, no better, unclear). Pilot: held-out runs choosing a "
-         f"setting. Default rate: {default_rate():g} at 4 x 2. WS: Weight Standardization. †: "
-         "a rule written after its data.")
-# where a finding measures against the 8 x 16 reference (table-practice's), the share says so
+# the words the findings may use, each defined before the first of them where they use it:
+# (what marks its use in a finding, the definition)
+TERMS = (
+    (" x ", "4 x 2: 4 ranks (GPUs) of 2 images each (`batch_per_gpu=2`)."),
+    ("input", "Input: a model at an image size."),
+    ("plateau", "Plateau: training's second half."),
+    ("jitter", "Jitter: val accuracy's moves between evaluations, trend removed (von Neumann "
+               "sd, points); steady: at most 1.5x the test set's churn floor."),
+    (" values", "Values per channel: what a BN layer averages per channel on one rank."),
+    ("BN's loss", "Share of BN's loss against 1 x 8: what a fix wins back (recovers, partly, no "
+                  "better, unclear)."),
+    ("pilot", "Pilot: held-out runs choosing a setting."),
+    ("default", f"Default rate: {default_rate():g} at 4 x 2."),
+    ("+WS", "WS: Weight Standardization."),
+    ("†", "†: a rule written after its data."),
+)
+# where a finding measures against 8 x 16 (table-practice's reference), the share says so
 AT_8X16 = ("Share of BN's loss against 1 x 8", "Share of BN's loss against the reference (1 x 8; "
            "8 x 16 at 8 ranks)")
 
 
 def terms(findings: tuple[Finding, ...] = ()) -> str:
-    """The terms line for these findings."""
-    wide = any("8 x 16" in x.text for f in findings for x in (f, *f.under))
-    return TERMS.replace(*AT_8X16) if wide else TERMS
+    """The terms line: each term the findings, the lines under them and the sentences below
+    the list use (all of them where none is given)."""
+    said = " ".join(x.text + x.mark + " " + x.after for f in findings for x in (f, *f.under))
+    line = "Terms: " + " ".join(d for mark, d in TERMS if not findings or mark in said)
+    return line.replace(*AT_8X16) if "8 x 16" in said else line
 
 
 def write_headline(path: Path, figures: list[str], verdicts: list[Verdict], status: str,
@@ -183,7 +192,8 @@ def write_headline(path: Path, figures: list[str], verdicts: list[Verdict], stat
         "",
         *(x for f in findings if f.after for x in (f.after, "")),
         *(f"![{Path(f).stem}]({f})" for f in figures), "",
-        f"{status}The claims' verdicts, from `make report`" + (
-            " (†: a rule written after its data were seen)" if dagger else "")
+        f"{status}The claims' verdicts" + (
+            " (†: a rule written after its data were seen)" if dagger and "†" not in
+            terms(findings) else "")  # the legend once: in the terms line where it has one
         + "; how each was measured: [experiments/README.md](experiments/README.md).", "",
         *rows, end]))

@@ -384,7 +384,7 @@ def test_c6_and_c9_are_ruled_on_the_fixes_spec_s_cells_where_their_control_is_st
     f = fixes.finding(d)[0]  # the README's sentence: syncbn over bn, seeds not paired
     g = fixes.over_bn(d, "syncbn")
     assert f.text.startswith(f"On the model at 4 x 2, lr 0.0016 (1/4 of the default), "
-                             f"SyncBN's plateau accuracy is "
+                             f"{d.cells[0].epochs:g} epochs, SyncBN's plateau accuracy is "
                              f"{abs(g[0]):.1f} points ") and f.table == "fixes"
     assert f"(95% CI {g[1]:+.1f} to {g[2]:+.1f})" in f.text
     assert f"C6 {c6.verdict}" in f.text and f.mark.startswith(" [†](experiments/fixes/")
@@ -490,7 +490,12 @@ def test_a_finding_that_extends_another_tables_is_set_under_it(tmp_path):
     assert ("\n1. Fix A at 10. ([table-recover](experiments/recover/table.md))\n   - Longer: "
             "fix A. ([table-converge](experiments/converge/table.md)) [†](x)\n2. BN breaks.") \
         in text
-    assert "(†: a rule written after its data were seen)" in text  # its mark's legend
+    assert text.count("†: a rule written after its data") == 1  # its mark's legend, once
+    assert "Terms: " in text and "†: a rule written after its data." in text  # in the terms
+    readme.write_text("<!-- headline:begin -->\n<!-- headline:end -->\n")
+    write_headline(readme, [], [], "", (Finding("BN breaks.", "values"),), {"C1": " [†](x)"})
+    assert "The claims' verdicts (†: a rule written after its data were seen);" in \
+        readme.read_text()  # a verdict's mark alone: the legend beside the verdicts
 
 
 def test_a_finding_that_replaces_other_tables_leaves_theirs_out_but_what_extends_it():

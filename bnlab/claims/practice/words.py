@@ -1,6 +1,6 @@
 """table-practice in words: the README's finding 2 once its 8 x 2 cells have their seeds (what
-to use instead of BN at a practitioner's global batch), the lines set under it, and the
-sentence that places the README's other GroupNorm numbers beside it."""
+to use instead of BN at a practitioner's global batch) and the lines set under it. The README's
+other GroupNorm number (finding 4) says its own rate and length in its sentence."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from bnlab.claims import converge, recover
 from bnlab.claims.practice.cells import Practice, bn_states, flatness
 from bnlab.claims.practice.doctor import advice_row
 from bnlab.claims.practice.spec import BATCHES, RANKS, RULES
-from bnlab.claims.recover.words import best_two, finding_four, versus
+from bnlab.claims.recover.words import best_two
 from bnlab.lab import page, rules
 from bnlab.lab.results import fmt
 from bnlab.lab.table import Finding
@@ -43,8 +43,7 @@ def finding(data: Practice) -> list[Finding]:
             f"{best_two(row, short=SHORT)}.")
     under = [Finding(t, "practice", extends="practice") for t in [across(data)] if t]
     under.append(Finding(earlier(), "recover", rules.mark(recover.RULES), extends="practice"))
-    return [Finding(text, "practice", rules.mark(RULES), rank=2, after=others(row),
-                    replaces=REPLACES), *under]
+    return [Finding(text, "practice", rules.mark(RULES), rank=2, replaces=REPLACES), *under]
 
 
 def across(data: Practice) -> str:
@@ -66,17 +65,6 @@ def across(data: Practice) -> str:
 def earlier() -> str:
     """Where the earlier, smaller-batch protocol's tables are, in a sentence."""
     epochs = next(o.split("=")[1] for o in recover.reference("") if o.startswith("epochs="))
-    return (f"The earlier protocol, 4 ranks x 2 (global batch 8) for {epochs} epochs on two "
-            "inputs, ranks the fixes in table-recover; [table-converge]"
-            f"(experiments/converge/table.md) trains them {converge.EPOCHS} epochs, and "
-            "[table-batch](experiments/batch/table.md) tries Wu and He's layout at 4 ranks.")
-
-
-def others(row: dict) -> str:
-    """The README's other GroupNorm numbers beside this table's, each with what differs."""
-    gn = row["fixes"].get("gn")
-    here = "" if gn is None else (
-        f"Plain GroupNorm at {RANKS} x 2 {versus(gn, 'ends')} in finding 2's table "
-        f"({row['epochs']} "
-        "epochs, the rate its held-out pilot chose). ")
-    return here + finding_four()
+    return (f"The earlier protocol, 4 x 2 (global batch 8) for {epochs} epochs; "
+            f"{converge.EPOCHS} in [table-converge](experiments/converge/table.md); Wu and He's "
+            "layout at 4 ranks in [table-batch](experiments/batch/table.md).")

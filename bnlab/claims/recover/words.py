@@ -26,7 +26,7 @@ from bnlab.claims.recover.cells import (
 from bnlab.jitter import MIN_EVALS
 from bnlab.lab import page, rules
 from bnlab.lab.table import Finding, RunsData
-from bnlab.paths import CONFIGS, EXPERIMENTS
+from bnlab.paths import EXPERIMENTS
 
 
 def superseded(d: RunsData) -> str:
@@ -220,34 +220,21 @@ def finding(data: Recover) -> list[Finding]:
 
 def reconciled(done: dict[str, dict] | None = None) -> str:
     """One story about GroupNorm in plain words: where this table puts plain GroupNorm on
-    resnet20 and how table-fixes (the README's finding 4) trained it otherwise, and that `make
-    demo` trains this table's second input on its own shorter protocol (`done`: each measured
-    input's picks)."""
+    resnet20 (finding 4, table-fixes', says its own rate and length in its sentence), and that
+    `make demo` trains this table's second input on its own shorter protocol (`done`: each
+    measured input's picks)."""
     done = done or {}
     ours = done.get(FIRST, {}).get("fixes", {}).get("gn")
     first = ("" if ours is None else
              f"Plain GroupNorm on resnet20 {versus(ours)} in finding 2's table, which trains "
-             "each fix 10 epochs at the rate its held-out pilot chose. ")
+             "each fix 10 epochs at the rate its held-out pilot chose.")
     second = next((inp for inp in done if inp != FIRST), None)
     g2 = None if second is None else done[second]["fixes"].get("gn")
     demo = "" if g2 is None else (
-        f" `make demo` trains {WORDS.get(second, second)}, finding 2's second input, on a "
+        f"`make demo` trains {WORDS.get(second, second)}, finding 2's second input, on a "
         f"shorter protocol of its own; for that input, plain GroupNorm in finding 2's table "
         f"{versus(g2)}.")
-    return f"{first}{finding_four()}{demo}"
-
-
-def finding_four() -> str:
-    """How table-fixes (the README's finding 4) trains GroupNorm, in a sentence: its length and
-    its rate against the default."""
-    raw = yaml.safe_load((EXPERIMENTS / "fixes" / "sweep.yaml").read_text())
-    gn = next(c for c in raw["cells"] if c.get("fix") == "gn")
-    epochs = next((int(o.split("=")[1]) for o in gn["overrides"] if o.startswith("epochs=")),
-                  yaml.safe_load((CONFIGS / "experiment" / f"{raw['experiment']}.yaml")
-                                 .read_text())["epochs"])  # its protocol's length
-    here = float(reference("")[-1].split("=")[1])
-    return (f"Finding 4 trains GroupNorm {epochs} epochs at 1/{here / gn['lr']:g} of the "
-            "default rate, BN at that same rate.")
+    return " ".join(x for x in (first, demo) if x)
 
 
 def versus(e: dict, verb: str = "plateaus") -> str:
