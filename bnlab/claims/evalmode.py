@@ -20,14 +20,14 @@ from bnlab.lab.plan import plan
 from bnlab.lab.results import eval_json
 from bnlab.lab.spec import data_tag
 from bnlab.lab.table import Context, Table, Verdict
-from bnlab.paths import shown
 
 FORWARDS = 10  # train-mode forwards (no backward) in the demonstration
 
 
-def stats_move(d: Path, forwards: int = FORWARDS, batch: int = 32) -> dict:
+def stats_move(d: Path, runs: Path, forwards: int = FORWARDS, batch: int = 32) -> dict:
     """Train-mode forwards under no_grad on validation images: how far the running
-    statistics move, and the eval-mode accuracy before and after."""
+    statistics move, and the eval-mode accuracy before and after (the run named under `runs`,
+    as the evals are)."""
     import torch
 
     from bnlab.data import val_batches
@@ -47,7 +47,7 @@ def stats_move(d: Path, forwards: int = FORWARDS, batch: int = 32) -> dict:
     rel = max(float(((after[k] - before[k]).abs() / (before[k].abs() + 1e-3)).max())
               for k in before)
     acc1 = run.acc()
-    return {"run": str(shown(d)),
+    return {"run": str(d.relative_to(runs)),
             "forwards": forwards, "batch": batch, "acc_before": acc0, "acc_after": acc1,
             "max_relative_change": rel,
             "layers_changed": sum(not torch.equal(after[k], before[k]) for k in before),
@@ -63,7 +63,7 @@ def measure(ctx: Context) -> dict:
         evals[cell.label] = {"seed": seed, "run": str(d.relative_to(runs)), **e}
         dirs[cell.label] = d
     return {"date": time.strftime("%Y-%m-%d"), "tag": tag, "evals": evals,
-            "moves": stats_move(dirs["bn 4x2"])}
+            "moves": stats_move(dirs["bn 4x2"], runs)}
 
 
 def table(res: dict) -> str:

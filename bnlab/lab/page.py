@@ -212,22 +212,21 @@ def metric_cells(c: CellResult) -> list[str]:
 
 def results_kernels(res: dict, root: Path = RUNS) -> str:
     """The kernels line of a results.json page: of the runs it names (each `run` and `runs`
-    entry, under the runs folder or its data tag there), or of the machine that measured it
-    where it names none (its `floats`, recorded by the measuring command; "not recorded" in
-    results measured before it was)."""
+    entry: a path under the runs folder, under its data tag there, or one whose folders
+    include that runs folder's name, as an older measure wrote them), each run once; or of
+    the machine that measured it where it names none (its `floats`, recorded by the measuring
+    command; "not recorded" in results measured before it was)."""
     named: list[str] = []
 
-    def walk(x) -> None:
-        if isinstance(x, dict):
-            for k, v in x.items():
-                if k in ("run", "runs") and isinstance(v, str | list):
-                    named.extend([v] if isinstance(v, str) else
-                                 [u for u in v if isinstance(u, str)])
-                else:
-                    walk(v)  # a `runs` by label holds each run's entry
+    def walk(x, runs: bool = False) -> None:
+        if isinstance(x, str) and runs:
+            named.append(x)
+        elif isinstance(x, dict):
+            for k, v in x.items():  # a `runs` by label holds each run's entry
+                walk(v, k in ("run", "runs") and not isinstance(v, dict))
         elif isinstance(x, list):
-            for v in x:
-                walk(v)
+            for v in x:  # a `runs` list: its paths, or each run's entry
+                walk(v, runs)
 
     walk(res)
     if not named:
@@ -235,10 +234,23 @@ def results_kernels(res: dict, root: Path = RUNS) -> str:
         return ("- CPU kernels of the machine that measured it (`floats` in results.json): "
                 + (floatenv.kernels_of(floats) or "not recorded" if floats else
                    "not recorded, measured before results recorded them"))
-    infos = []
-    for d in dict.fromkeys(named):
-        f = next((x for x in (root / d / "run.json", root / res.get("tag", "") / d / "run.json")
-                  if x.is_file()), None)
-        infos.append(json.loads(f.read_text()) if f else {})
-    return kernels_said(infos)
+    found: dict[Path | str, dict | None] = {}
+    for d in named:
+        f = run_json(d, root, res.get("tag", ""))
+        found[f.resolve() if f else d] = json.loads(f.read_text()) if f else None
+    missing = sum(i is None for i in found.values())
+    line = kernels_said([i for i in found.values() if i is not None])
+    gone = f"run.json not found: {missing} run{'s' * (missing != 1)}" if missing else ""
+    return line + "; " + gone if gone and not line.endswith(": ") else line + gone
 
+
+def run_json(named: str, root: Path, tag: str) -> Path | None:
+    """A run's run.json from how a results.json names the run (results_kernels), or None."""
+    parts = Path(named).parts
+    tail = [Path(*parts[i + 1:]) for i in range(len(parts) - 1, -1, -1)
+            if parts[i] == root.name and i + 1 < len(parts)]  # after the runs folder's name
+    near = [] if Path(named).is_absolute() else [root / named, root / tag / named]
+    for d in (*near, *(root / t for t in tail[:1])):  # another checkout's path: read it here
+        if (d / "run.json").is_file():
+            return d / "run.json"
+    return None

@@ -139,20 +139,21 @@ def write_json(path: Path, verdicts: list[Verdict], status: str,
     tmp.replace(path)
 
 
-# the words the findings may use, each defined before the first of them where they use it:
-# (what marks its use in a finding, the definition)
+# the words the findings may use, each defined before the first of them where the README's
+# first screen uses it: (what marks its use, lower case; the definition)
 TERMS = (
     (" x ", "4 x 2: 4 ranks (GPUs) of 2 images each (`batch_per_gpu=2`)."),
     ("input", "Input: a model at an image size."),
     ("plateau", "Plateau: training's second half."),
     ("jitter", "Jitter: val accuracy's moves between evaluations, trend removed (von Neumann "
-               "sd, points); steady: at most 1.5x the test set's churn floor."),
-    (" values", "Values per channel: what a BN layer averages per channel on one rank."),
-    ("BN's loss", "Share of BN's loss against 1 x 8: what a fix wins back (recovers, partly, no "
+               "sd, points)."),
+    (" stead", "Steady: jitter at most 1.5x the test set's churn floor."),
+    (" values", "Values: what a BN layer averages per channel on one rank."),
+    ("bn's loss", "Share of BN's loss against 1 x 8: what a fix wins back (recovers, partly, no "
                   "better, unclear)."),
     ("pilot", "Pilot: held-out runs choosing a setting."),
     ("default", f"Default rate: {default_rate():g} at 4 x 2."),
-    ("+WS", "WS: Weight Standardization."),
+    ("+ws", "WS: Weight Standardization."),
     ("†", "†: a rule written after its data."),
 )
 # where a finding measures against 8 x 16 (table-practice's reference), the share says so
@@ -160,11 +161,18 @@ AT_8X16 = ("Share of BN's loss against 1 x 8", "Share of BN's loss against the r
            "8 x 16 at 8 ranks)")
 
 
-def terms(findings: tuple[Finding, ...] = ()) -> str:
-    """The terms line: each term the findings, the lines under them and the sentences below
-    the list use (all of them where none is given)."""
-    said = " ".join(x.text + x.mark + " " + x.after for f in findings for x in (f, *f.under))
-    line = "Terms: " + " ".join(d for mark, d in TERMS if not findings or mark in said)
+def terms(findings: tuple[Finding, ...] = (), rest: str = "") -> str:
+    """The terms line: each term that the findings, the lines under them, the sentences below
+    the list, `rest` (the verdict table) or a definition kept for them use; "" where none."""
+    said = " ".join([rest, *(f.after for f in findings),
+                     *(x.text + x.mark for f in findings for x in (f, *f.under))]).lower()
+    kept: list[str] = []
+    while True:  # a kept definition may use another term (the default rate: 4 x 2)
+        now = [d for mark, d in TERMS if mark in " ".join([said, *kept]).lower()]
+        if now == kept:
+            break
+        kept = now
+    line = ("Terms: " + " ".join(kept)) if kept else ""
     return line.replace(*AT_8X16) if "8 x 16" in said else line
 
 
@@ -188,12 +196,12 @@ def write_headline(path: Path, figures: list[str], verdicts: list[Verdict], stat
              for v in verdicts]
     dagger = any(marks.values()) or any(x.mark for f in findings for x in (f, *f.under))
     replace_block(path, begin, end, "\n".join([
-        begin, terms(findings), "", *(f"{i}. {f.line()}" for i, f in enumerate(findings, 1)),
-        "",
+        begin, *([defined, ""] if (defined := terms(findings, "\n".join(rows))) else []),
+        *(f"{i}. {f.line()}" for i, f in enumerate(findings, 1)), "",
         *(x for f in findings if f.after for x in (f.after, "")),
         *(f"![{Path(f).stem}]({f})" for f in figures), "",
-        f"{status}The claims' verdicts" + (
+        f"{status}The claims' verdicts follow" + (
             " (†: a rule written after its data were seen)" if dagger and "†" not in
-            terms(findings) else "")  # the legend once: in the terms line where it has one
+            defined else "")  # the legend once: in the terms line where it has one
         + "; how each was measured: [experiments/README.md](experiments/README.md).", "",
         *rows, end]))

@@ -5,6 +5,7 @@ figure build with and without runs."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -159,9 +160,9 @@ def test_the_advice_row_has_every_fix_at_8x2_in_table_recovers_form(spec, tmp_pa
 def test_its_finding_tells_finding_2_once_the_8x2_cells_have_their_seeds(spec, tmp_path):
     d = practice.Practice(RunsData(spec, made_up(), "cifar10-5085", tmp_path, tmp_path))
     top, *under = practice.finding(d)
-    assert top.text.startswith("At 8 x 2 (global batch 16) on resnet20, BN breaks, losing "
-                               "10.0 points (95% CI ")
-    assert "to 8 x 16; SyncBN in 4-rank groups regains 89% of BN's loss, recovers" \
+    assert top.text.startswith("BN breaks at 8 x 2 (global batch 16) on resnet20, 10.0 "
+                               "points (9.3 to 10.7) under 8 x 16; ")
+    assert "; SyncBN in 4-rank groups regains 89% of BN's loss, recovers (95% CI" \
         in top.text and "communication-free GroupNorm " in top.text  # its best two, states
     assert top.rank == 2 and set(top.replaces) == {"recover", "converge"}
     assert top.after == ""  # finding 4 says its own protocol: no sentence below the list
@@ -169,11 +170,12 @@ def test_its_finding_tells_finding_2_once_the_8x2_cells_have_their_seeds(spec, t
                              "GroupNorm is flat and GroupNorm+WS drops (flat: every gap to "
                              "its own 8 x 16 within the seeds' noise).")
     assert under[1].table == "recover" and under[1].text == (
-        "The earlier protocol, 4 x 2 (global batch 8) for 10 epochs; 40 in [table-converge]"
-        "(experiments/converge/table.md); Wu and He's layout at 4 ranks in [table-batch]"
-        "(experiments/batch/table.md).")  # its line adds table-recover's link
+        "The earlier protocol, 4 x 2 (global batch 8), ranks the fixes over 10 epochs (40 in "
+        "[table-converge](experiments/converge/table.md)); [table-batch](experiments/batch/"
+        "table.md) tries Wu and He's layout at 4 ranks.")  # its line adds table-recover's link
     assert all(u.extends == "practice" for u in under)
-    assert all(len(f.text.split()) <= 45 for f in (top, *under))  # the README's budget
+    shown = [re.sub(r"\]\([^)]*\)", "]", f.line()) for f in (top, *under)]  # as the README
+    assert len(f"2. {shown[0]}".split()) <= 45 and all(len(u.split()) <= 60 for u in shown[1:])
     assert practice.title(d) == ("BN breaks at 4 and 2 images per rank; GroupNorm is flat "
                                  "(ours, beside Wu and He's)")  # the figure says what it found
     eight = [c for c in made_up() if c.cell.label != "bn 8x8"]  # 8 x 8 cut: no line across

@@ -125,13 +125,13 @@ def test_the_finding_says_when_no_fix_without_communication_does_better(monkeypa
         "At 4 x 2, on resnet20 (128 values) SyncBN regains 80% of BN's loss, partly (95% CI "
         "70 to 90), none without cross-GPU communication does; on resnet18 at 32 px (2 values) "
         "GroupNorm 90%, recovers (80 to 100).")
-    after = recover.finding(None)[0].after  # one story: the demo's input beside it (finding 4
-    assert after.startswith("Plain GroupNorm on resnet20 plateaus 4.0 points below BN in "  # says
-                            "finding 2's table, which trains each fix 10 epochs at the rate its "
-                            "held-out pilot chose. `make demo` trains")  # its own rate, length)
-    assert after.endswith("`make demo` trains torchvision resnet18 at 32 px, finding 2's second "
-                          "input, on a shorter protocol of its own; for that input, plain "
-                          "GroupNorm in finding 2's table plateaus 9.0 points above BN.")
+    # one story: finding 4's protocol and the demo's input beside this table's GroupNorm
+    assert recover.finding(None)[0].after == (
+        "Plain GroupNorm on resnet20 plateaus 4.0 points below BN in finding 2's table, which "
+        "trains each fix 10 epochs at the rate its held-out pilot chose, not finding 4's 20 "
+        "epochs at 1/16 of the default rate. `make demo` trains torchvision resnet18 at 32 px, "
+        "finding 2's second input, on a shorter protocol of its own; for that input, plain "
+        "GroupNorm in finding 2's table plateaus 9.0 points above BN.")
     assert recover.versus({"gain": -0.04}) == "plateaus level with BN"
     other["syncbn"] = entry("syncbn", "recovers", 9.5)
     by_input["resnet18 32 px"]["best"] = other["syncbn"]

@@ -494,7 +494,7 @@ def test_a_finding_that_extends_another_tables_is_set_under_it(tmp_path):
     assert "Terms: " in text and "†: a rule written after its data." in text  # in the terms
     readme.write_text("<!-- headline:begin -->\n<!-- headline:end -->\n")
     write_headline(readme, [], [], "", (Finding("BN breaks.", "values"),), {"C1": " [†](x)"})
-    assert "The claims' verdicts (†: a rule written after its data were seen);" in \
+    assert "The claims' verdicts follow (†: a rule written after its data were seen);" in \
         readme.read_text()  # a verdict's mark alone: the legend beside the verdicts
 
 

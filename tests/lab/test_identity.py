@@ -78,3 +78,17 @@ def test_a_results_page_counts_the_kernels_of_the_runs_it_names_or_of_its_machin
     assert page.results_kernels(measured, tmp_path).endswith(": AVX512 on Intel")
     assert page.results_kernels({}, tmp_path).endswith(
         "not recorded, measured before results recorded them")
+
+
+def test_a_results_page_counts_each_run_once_however_its_results_name_it(tmp_path):
+    """table-evalmode's results name one run twice: by its path under the runs folder and, as
+    an older measure wrote it, by another checkout's absolute path; it counts once, read here.
+    A named run without run.json is said as not found, not as made before it was recorded."""
+    import json
+
+    from bnlab.paths import EXPERIMENTS
+
+    res = json.loads((EXPERIMENTS / "evalmode" / "results.json").read_text())
+    assert res["moves"]["run"].startswith("/") and "3 runs" in page.results_kernels(res)
+    gone = {"tag": "t", "runs": ["nowhere/seed0"]}
+    assert page.results_kernels(gone, tmp_path).endswith("in run.json): run.json not found: 1 run")

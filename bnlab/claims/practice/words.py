@@ -36,10 +36,10 @@ def finding(data: Practice) -> list[Finding]:
         return []
     cells = data.runs.cells
     g, state = bn_states(cells)[2]
-    lost = (f", losing {g['gap']:.1f} points (95% CI {fmt(g['lo'])} to {fmt(g['hi'])}) to "
+    lost = (f", {g['gap']:.1f} points ({fmt(g['lo'])} to {fmt(g['hi'])}) under "
             f"{RANKS} x {BATCHES[0]}" if math.isfinite(g["gap"]) else
             f" (it diverged where {RANKS} x {BATCHES[0]} did not)")
-    text = (f"At {RANKS} x 2 (global batch {2 * RANKS}) on resnet20, BN {IS[state]}{lost}; "
+    text = (f"BN {IS[state]} at {RANKS} x 2 (global batch {2 * RANKS}) on resnet20{lost}; "
             f"{best_two(row, short=SHORT)}.")
     under = [Finding(t, "practice", extends="practice") for t in [across(data)] if t]
     under.append(Finding(earlier(), "recover", rules.mark(recover.RULES), extends="practice"))
@@ -65,6 +65,6 @@ def across(data: Practice) -> str:
 def earlier() -> str:
     """Where the earlier, smaller-batch protocol's tables are, in a sentence."""
     epochs = next(o.split("=")[1] for o in recover.reference("") if o.startswith("epochs="))
-    return (f"The earlier protocol, 4 x 2 (global batch 8) for {epochs} epochs; "
-            f"{converge.EPOCHS} in [table-converge](experiments/converge/table.md); Wu and He's "
-            "layout at 4 ranks in [table-batch](experiments/batch/table.md).")
+    return (f"The earlier protocol, 4 x 2 (global batch 8), ranks the fixes over {epochs} "
+            f"epochs ({converge.EPOCHS} in [table-converge](experiments/converge/table.md)); "
+            "[table-batch](experiments/batch/table.md) tries Wu and He's layout at 4 ranks.")
