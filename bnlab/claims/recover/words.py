@@ -141,7 +141,7 @@ def beside_others() -> str:
                   "32")
     return (f"Beside the other tables: table-fixes (the README's finding 4) measured GroupNorm "
             f"({groups} groups) on resnet20 at lr {rate:g}, 1/{here / rate:g} of the rate here, "
-            "over 20 epochs "
+            f"over {fixes_gn()[0]} epochs "
             "with bn at that same rate; here each fix runs at the rate its own held-out pilot "
             "chose, over 10 epochs (table-converge trains them 4x longer), so the two rank "
             "GroupNorm on different protocols. `make demo` trains torchvision resnet18 at 32 "
@@ -238,16 +238,22 @@ def reconciled(done: dict[str, dict] | None = None) -> str:
     return " ".join(x for x in (first, demo) if x)
 
 
-def finding_four() -> str:
-    """How table-fixes (the README's finding 4) trains GroupNorm: '20 epochs at 1/16 of the
-    default rate'."""
+def fixes_gn() -> tuple[int, float]:
+    """table-fixes' GroupNorm cell (the README's finding 4): its epochs and its rate."""
     raw = yaml.safe_load((EXPERIMENTS / "fixes" / "sweep.yaml").read_text())
     gn = next(c for c in raw["cells"] if c.get("fix") == "gn")
     epochs = next((int(o.split("=")[1]) for o in gn["overrides"] if o.startswith("epochs=")),
                   yaml.safe_load((CONFIGS / "experiment" / f"{raw['experiment']}.yaml")
                                  .read_text())["epochs"])  # its protocol's length
-    here = float(reference("")[-1].split("=")[1])
-    return f"{epochs} epochs at 1/{here / gn['lr']:g} of the default rate"
+    return epochs, gn["lr"]
+
+
+def finding_four() -> str:
+    """How table-fixes (the README's finding 4) trains GroupNorm: '20 epochs at 1/16 of the
+    default rate'."""
+    epochs, rate = fixes_gn()
+    return f"{epochs} epochs at 1/{float(reference('')[-1].split('=')[1]) / rate:g} of the " \
+        "default rate"
 
 
 def versus(e: dict, verb: str = "plateaus") -> str:
