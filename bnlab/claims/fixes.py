@@ -377,12 +377,11 @@ def finding(d: RunsData) -> list[Finding]:
     others = {name: x[0] for fix, name in (("frozen_bn", "frozen BN"), ("gn", "GroupNorm"))
               if (x := over_bn(d, fix)) is not None}
     return [Finding(
-        f"On {page.model([bn, sb])} at 4 x 2, {page.rate(lr)}, {bn.epochs:g} epochs, SyncBN's "
-        "plateau accuracy is "
-        f"{abs(g[0]):.1f} points {where} "
-        f"BN's (95% CI {signed(g[1])} to {signed(g[2])})"
-        + (", " + " and ".join(f"{name}'s {x:+.1f}" for name, x in others.items())
-           + ("; neither is steadier than BN (C6, C9 not reproduced)"
+        f"On {page.model([bn, sb])} at 4 x 2, {page.rate(lr)}, {bn.epochs:g} epochs, SyncBN "
+        f"plateaus {abs(g[0]):.1f} points {where} "
+        f"BN (95% CI {signed(g[1])} to {signed(g[2])})"
+        + (", " + ", ".join(f"{name} {x:+.1f}" for name, x in others.items())
+           + ("; neither of these two is steadier than BN (C6, C9 not reproduced)"
               if v6 == v9 == "not reproduced" else f" (C6 {v6}, C9 {v9})") if others else "")
         + ".", "fixes", rules.mark(RULES), rank=4)]
 
