@@ -296,7 +296,8 @@ def test_the_readme_line_on_why_bn_jitters_carries_each_part_s_outcome(tmp_path)
     marks = lr.judged(d)[1]
     assert (marks["P1"], marks["P2"], marks["P3"]) == ("disagrees", "disagrees", "disagrees")
     line = lr.finding(d)[1].text
-    assert "as predicted" not in line and line.endswith("not the 2x or more predicted before the runs."), line
+    assert "as predicted" not in line and \
+        line.endswith("not the 2x or more predicted before the runs."), line
     lr.cell(d, "bn", 0.1).runs.pop()  # a seed still to come is said on the page
     assert any(ln.endswith("(so far: bn at lr 0.1: 4/5 seeds)") or "4/5" in ln
                for ln in lr.predictions(d)) or "4/5" in lr.seeds_to_come(d, lr.rates(d))
