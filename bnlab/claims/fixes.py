@@ -380,8 +380,8 @@ def finding(d: RunsData) -> list[Finding]:
         f"On {page.model([bn, sb])} at 4 x 2, {page.rate(lr)}, {bn.epochs:g} epochs, SyncBN "
         f"plateaus {abs(g[0]):.1f} points {where} "
         f"BN (95% CI {signed(g[1])} to {signed(g[2])})"
-        + (", " + ", ".join(f"{name} {x:+.1f}" for name, x in others.items())
-           + ("; neither of these two is steadier than BN (C6, C9 not reproduced)"
+        + (", " + " and ".join(f"{name} {x:+.1f}" for name, x in others.items())
+           + (", neither steadier than BN (C6, C9 not reproduced)"
               if v6 == v9 == "not reproduced" else f" (C6 {v6}, C9 {v9})") if others else "")
         + ".", "fixes", rules.mark(RULES), rank=4)]
 

@@ -160,13 +160,14 @@ def test_the_advice_row_has_every_fix_at_8x2_in_table_recovers_form(spec, tmp_pa
 def test_its_finding_tells_finding_2_once_the_8x2_cells_have_their_seeds(spec, tmp_path):
     d = practice.Practice(RunsData(spec, made_up(), "cifar10-5085", tmp_path, tmp_path))
     top, *under = practice.finding(d)
-    assert top.text.startswith("BN breaks at 8 x 2 (global batch 16) on resnet20, 10.0 "
-                               "points (9.3 to 10.7) under 8 x 16; ")
+    assert top.text.startswith("BN breaks at 8 x 2 on resnet20, 10.0 points (9.3 to 10.7) "
+                               "under 8 x 16; ")
     assert "; SyncBN in 4-rank groups regains 89% of BN's loss, recovers (95% CI" \
         in top.text and "communication-free GroupNorm " in top.text  # its best two, states
     assert top.rank == 2 and set(top.replaces) == {"recover", "converge"}
     assert top.after == ""  # finding 4 says its own protocol: no sentence below the list
-    assert under[0].text == ("From 16 to 2 images per rank, BN holds at 8, breaks at 4 and 2; "
+    assert under[0].text == ("From 16 to 2 images per rank (global batch 128 to 16), BN holds "
+                             "at 8, breaks at 4 and 2; "
                              "GroupNorm is flat and GroupNorm+WS drops (flat: every gap to "
                              "its own 8 x 16 within the seeds' noise).")
     assert under[1].table == "recover" and under[1].text == (
@@ -175,6 +176,7 @@ def test_its_finding_tells_finding_2_once_the_8x2_cells_have_their_seeds(spec, t
         "table.md) tries Wu and He's layout at 4 ranks.")  # its line adds table-recover's link
     assert all(u.extends == "practice" for u in under)
     shown = [re.sub(r"\]\([^)]*\)", "]", f.line()) for f in (top, *under)]  # as the README
+    assert len(top.text.split()) <= 40  # one sentence, as tests/test_layout.py counts it
     assert len(f"2. {shown[0]}".split()) <= 45 and all(len(u.split()) <= 60 for u in shown[1:])
     assert practice.title(d) == ("BN breaks at 4 and 2 images per rank; GroupNorm is flat "
                                  "(ours, beside Wu and He's)")  # the figure says what it found

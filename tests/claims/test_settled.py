@@ -289,7 +289,7 @@ def test_the_readme_line_on_why_bn_jitters_carries_each_part_s_outcome(tmp_path)
                            "BN's running statistics add ") and \
         f"{marks['ratio'][0.003125]:.2f}x SyncBN's jitter variance (95% CI " \
         in line and \
-        line.endswith("as predicted before the runs (2x or more)."), line
+        line.endswith("as predicted beforehand (2x or more)."), line
     # bn no noisier than syncbn at the low rate, and syncbn's part shrinking: all three fail
     d = lr_data(tmp_path / "no", {("syncbn", 0.003125): 1.0, ("bn", 0.003125): 1.0,
                                   ("syncbn", 0.1): 0.5, ("bn", 0.1): 1.0})
@@ -297,7 +297,7 @@ def test_the_readme_line_on_why_bn_jitters_carries_each_part_s_outcome(tmp_path)
     assert (marks["P1"], marks["P2"], marks["P3"]) == ("disagrees", "disagrees", "disagrees")
     line = lr.finding(d)[1].text
     assert "as predicted" not in line and \
-        line.endswith("not the 2x or more predicted before the runs."), line
+        line.endswith("not the 2x or more predicted beforehand."), line
     lr.cell(d, "bn", 0.1).runs.pop()  # a seed still to come is said on the page
     assert any(ln.endswith("(so far: bn at lr 0.1: 4/5 seeds)") or "4/5" in ln
                for ln in lr.predictions(d)) or "4/5" in lr.seeds_to_come(d, lr.rates(d))

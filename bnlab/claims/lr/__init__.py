@@ -229,7 +229,7 @@ def finding(d: RunsData) -> list[Finding]:
             f"C1 (BN {CLAIMED.split(', ')[0].removeprefix('bn ')}, SyncBN "
             f"{CLAIMED.split(', ')[1].removeprefix('syncbn ')}) {SAID.get(v, v)}: on "
             f"{page.model(d.cells)} at {page.rate(lr)}, {only}, BN's jitter is {c['ratio']:.2f}x "
-            f"SyncBN's (95% CI {fmt(c['lo'], 2)} to {fmt(c['hi'], 2)}); the rule's bar is "
+            f"SyncBN's (95% CI {fmt(c['lo'], 2)} to {fmt(c['hi'], 2)}); the rule asks "
             f"{REPRODUCED:g}x.", "lr", rules.mark(RULES), rank=3)
     return [c1, why(d, lr)]
 

@@ -128,8 +128,8 @@ def why(d: RunsData, ruled: float | None = None) -> Finding:
     later = (f"; {ratio[ruled]:.2f}x ({interval(d, ruled).removeprefix('95% CI ')}) at "
              f"{page.rate(ruled).split(' (')[0].removeprefix('lr ')}, added later"
              if added else "")
-    met = f"as predicted before the runs ({P1:g}x or more)" if m["P1"] == "agrees" else \
-        f"not the {P1:g}x or more predicted before the runs"
+    met = f"as predicted beforehand ({P1:g}x or more)" if m["P1"] == "agrees" else \
+        f"not the {P1:g}x or more predicted beforehand"
     return Finding(
         f"Why BN jitters: on {page.model(d.cells)} at {page.rate(low)}, BN's running "
         f"statistics add {ratio[low]:.2f}x SyncBN's jitter variance ({interval(d, low)}), "

@@ -39,8 +39,7 @@ def finding(data: Practice) -> list[Finding]:
     lost = (f", {g['gap']:.1f} points ({fmt(g['lo'])} to {fmt(g['hi'])}) under "
             f"{RANKS} x {BATCHES[0]}" if math.isfinite(g["gap"]) else
             f" (it diverged where {RANKS} x {BATCHES[0]} did not)")
-    text = (f"BN {IS[state]} at {RANKS} x 2 (global batch {2 * RANKS}) on resnet20{lost}; "
-            f"{best_two(row, short=SHORT)}.")
+    text = f"BN {IS[state]} at {RANKS} x 2 on resnet20{lost}; {best_two(row, short=SHORT)}."
     under = [Finding(t, "practice", extends="practice") for t in [across(data)] if t]
     under.append(Finding(earlier(), "recover", rules.mark(recover.RULES), extends="practice"))
     return [Finding(text, "practice", rules.mark(RULES), rank=2, replaces=REPLACES), *under]
@@ -57,7 +56,8 @@ def across(data: Practice) -> str:
     by = {s: [str(b) for b in BATCHES[1:] if bn[b] == s] for s in ("holds", "breaks",
                                                                       "unclear")}
     said = [f"{IS[s]} at {page.listed(bs)}" for s, bs in by.items() if bs]
-    return (f"From {BATCHES[0]} to 2 images per rank, BN {', '.join(said)}; GroupNorm "
+    return (f"From {BATCHES[0]} to 2 images per rank (global batch {BATCHES[0] * RANKS} to "
+            f"{2 * RANKS}), BN {', '.join(said)}; GroupNorm "
             f"{IS[flat['gn']]} and GroupNorm+WS {IS[flat['gnws']]} (flat: every gap to its own "
             f"{RANKS} x {BATCHES[0]} within the seeds' noise).")
 

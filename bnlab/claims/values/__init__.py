@@ -198,6 +198,13 @@ def below(ms: list[dict]) -> str:
     return "; at batch 8 it " + " and ".join(x for x in said if x) if held or missed else ""
 
 
+def short(name: str, before: dict) -> str:
+    """An input's name after another's in one sentence: its model dropped where both share it
+    ('resnet18 32 px' after 'resnet18 64 px' is '32 px')."""
+    model, _, rest = name.partition(" ")
+    return rest if rest and before["input"].split(" ")[0] == model else name
+
+
 def finding(d: RunsData) -> list[Finding]:
     """Where BN breaks, and the doctor's thresholds at 8 images per rank, in a sentence each."""
     ms = read(d)
@@ -218,7 +225,7 @@ def finding(d: RunsData) -> list[Finding]:
     text = head + (f", {', '.join(some)}" if some else "") + (
         f": at 4 x 2 it loses {two[0]['gap']:.1f} (95% CI {fmt(two[0]['lo'])} to "
         f"{fmt(two[0]['hi'])}; {two[0]['input']}) to {two[-1]['gap']:.1f} points "
-        f"({fmt(two[-1]['lo'])} to {fmt(two[-1]['hi'])}; {two[-1]['input']})"
+        f"({fmt(two[-1]['lo'])} to {fmt(two[-1]['hi'])}; {short(two[-1]['input'], two[0])})"
         if len(two) > 1 else "") + "."
     out = [Finding(text, "values", rules.mark(RULES), rank=1)]
     big = read(d, BIG)
