@@ -126,7 +126,7 @@ def nearest(entries: list[dict], values: int | None) -> tuple[dict, list[dict], 
     nearest, whichever is cited first; the first entry where `values` or an entry's own is
     unknown."""
     closest = min(entries, key=lambda e: _distance(e, values)) if values else entries[0]
-    near = [closest, *as_near([e for e in entries if e is not closest], closest, values)[0]]
+    near = [closest, *as_near([e for e in entries if e is not closest], closest, values)]
     best = next((e for e in near if table_of(e) == PRACTICE_TABLE), closest)
     return best, [e for e in near if e is not best], [e for e in entries if e not in near]
 
@@ -137,12 +137,11 @@ def _distance(e: dict, values: int | None) -> float:
     return abs(math.log2(values) - math.log2(e["values"]))
 
 
-def as_near(others: list[dict], here: dict, values: int | None) -> tuple[list[dict], list]:
-    """(the inputs among `others` about as near `values` as `here`, within TIE on the log
-    scale, which a line cites beside it rather than picking one by list order; the rest)."""
+def as_near(others: list[dict], here: dict, values: int | None) -> list[dict]:
+    """The inputs among `others` about as near `values` as `here`, within TIE on the log
+    scale, which a line cites beside it rather than picking one by list order."""
     d = _distance(here, values)
-    ties = [o for o in others if math.isfinite(d) and abs(_distance(o, values) - d) < TIE]
-    return ties, [o for o in others if o not in ties]
+    return [o for o in others if math.isfinite(d) and abs(_distance(o, values) - d) < TIE]
 
 
 def _nearest_said(here: dict, ties: list[dict], values: int | None, head, tie_head,

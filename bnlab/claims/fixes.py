@@ -37,7 +37,7 @@ from bnlab.lab.analysis import (
     ratio_interval,
 )
 from bnlab.lab.figures import band, legend, plt, precise_points, save
-from bnlab.lab.results import CellResult, Run, fmt, gains
+from bnlab.lab.results import CellResult, Run, fmt, gains, signed
 from bnlab.lab.table import Finding, RunsData, Verdict
 
 RULES = rules.read("fixes")
@@ -349,10 +349,6 @@ def plot(d: RunsData, path: Path) -> None:
     legend(ax, 8)
     save(fig, path, d.spec.title,
          empty=not any(c.runs for c in d.cells))
-
-
-def signed(x: float | None) -> str:
-    return "-" if x is None else f"{x:+.1f}"
 
 
 def over_bn(d: RunsData, fix: str) -> tuple[float, float | None, float | None] | None:

@@ -247,10 +247,10 @@ def results_kernels(res: dict, root: Path = RUNS) -> str:
 def run_json(named: str, root: Path, tag: str) -> Path | None:
     """A run's run.json from how a results.json names the run (results_kernels), or None."""
     parts = Path(named).parts
-    tail = [Path(*parts[i + 1:]) for i in range(len(parts) - 1, -1, -1)
-            if parts[i] == root.name and i + 1 < len(parts)]  # after the runs folder's name
+    at = max((i for i, p in enumerate(parts[:-1]) if p == root.name), default=None)
     near = [] if Path(named).is_absolute() else [root / named, root / tag / named]
-    for d in (*near, *(root / t for t in tail[:1])):  # another checkout's path: read it here
+    for d in (*near, *([root.joinpath(*parts[at + 1:])] if at is not None else [])):
+        # the part after the runs folder's name: another checkout's path, read here
         if (d / "run.json").is_file():
             return d / "run.json"
     return None

@@ -134,15 +134,14 @@ class Run:
         acc_key, loss_key = SERIES[kind]
         if self.diverged:
             return {}
-        ep, accs = ends(*self.series(acc_key)) if kind in ONE_AN_EPOCH else \
-            self.series(acc_key)
+        read = (lambda key: ends(*self.series(key))) if kind in ONE_AN_EPOCH else self.series
+        ep, accs = read(acc_key)
         w = jitter.plateau(ep, accs, total_epochs)
         if len(w) < jitter.MIN_EVALS:  # too few for jitter; one an epoch still has a mean
             return {"plateau_acc": float(sum(w) / len(w)), "n_evals": len(w),
                     "final": accs[-1]} if kind in ONE_AN_EPOCH and w and \
                 len(w) >= plateau_ends(total_epochs) else {}
-        lep, losses = ends(*self.series(loss_key)) if kind in ONE_AN_EPOCH else \
-            self.series(loss_key)
+        lep, losses = read(loss_key)
         lw = jitter.plateau(lep, losses, total_epochs)
         slope, _ = jitter.trend(w)
         out = {"plateau_acc": float(sum(w) / len(w)), "swing": jitter.swing(w),
@@ -339,6 +338,14 @@ def gains(c: CellResult | None) -> list[float]:
 
 def fmt(x, digits: int = 1) -> str:
     return f"{x:.{digits}f}" if finite(x) else "-"
+
+
+def signed(x: float | None, digits: int = 1, plus: str = "+") -> str:
+    """fmt with a sign (`plus` for positive numbers), a rounded zero unsigned."""
+    if not finite(x):
+        return "-"
+    text = f"{x:{plus}.{digits}f}"
+    return text.lstrip("+-") if float(text) == 0 else text
 
 
 # ----------------------------------------------------------------------------------------

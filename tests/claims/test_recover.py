@@ -11,7 +11,7 @@ import pytest
 
 from bnlab.claims import recover
 from bnlab.lab.plan import Cell, Spec
-from bnlab.lab.results import CellResult
+from bnlab.lab.results import CellResult, signed
 from bnlab.lab.table import RunsData
 from bnlab.paths import EXPERIMENTS, MEASURED, ROOT
 from conftest import fake_headline_run
@@ -205,7 +205,7 @@ def test_the_precise_rows_read_the_evaluation_after_each_recalibration(tmp_path)
     assert "| - | - |" in text.split("| precise cell |")[1].split("\n")[0]  # no jitter shown
     assert "Version 3 (commit" in text and \
         "Without it the rules give: the precise rows read at val/acc: on resnet20, gain over " \
-        f"bn {recover.signed(was['gain']['gap'])}" in text
+        f"bn {signed(was['gain']['gap'])}" in text
 
 
 def test_the_precise_rows_pair_with_bn_and_the_reference_at_the_same_epoch_ends(tmp_path):

@@ -52,12 +52,12 @@ from bnlab.claims.recover.words import (
     precise_note,
     read_as_ema,
     read_as_v3,
-    signed,
     states_in_words,
     superseded,
 )
 from bnlab.lab import page, rules, table
 from bnlab.lab.figures import nothing_yet, plt, save
+from bnlab.lab.results import signed
 from bnlab.lab.table import Verdict
 
 

@@ -25,6 +25,7 @@ from bnlab.claims.recover.cells import (
 )
 from bnlab.jitter import MIN_EVALS
 from bnlab.lab import page, rules
+from bnlab.lab.results import signed
 from bnlab.lab.table import Finding, RunsData
 from bnlab.paths import CONFIGS, EXPERIMENTS
 
@@ -105,14 +106,6 @@ def read_as_v3(data: Recover) -> str | None:
     return precise_as(data, 3)
 
 
-def signed(x: float | None, digits: int = 1, plus: str = "+") -> str:
-    """fmt with a sign (`plus` for positive numbers), a rounded zero unsigned."""
-    if x is None or not math.isfinite(x):
-        return "-"
-    text = f"{x:{plus}.{digits}f}"
-    return text.lstrip("+-") if float(text) == 0 else text
-
-
 def states_in_words(by: rules.Rules = RULES) -> str:
     """The states in plain words, with the two readings a reader trips on (the rules, as data,
     are below the page's table in rules.yaml)."""
@@ -134,14 +127,10 @@ def states_in_words(by: rules.Rules = RULES) -> str:
 def beside_others() -> str:
     """Where this table's answer sits beside the README's other GroupNorm numbers: table-fixes
     ran gn at its own rate and length, make demo trains this table's second input."""
-    raw = yaml.safe_load((EXPERIMENTS / "fixes" / "sweep.yaml").read_text())
-    gn = next(c for c in raw["cells"] if c.get("fix") == "gn")
-    rate, here = gn["lr"], float(reference("")[-1].split("=")[1])
-    groups = next((o.split("=")[1] for o in gn["overrides"] if o.startswith("norm.groups=")),
-                  "32")
+    gn, here = fixes_gn(), float(reference("")[-1].split("=")[1])
     return (f"Beside the other tables: table-fixes (the README's finding 4) measured GroupNorm "
-            f"({groups} groups) on resnet20 at lr {rate:g}, 1/{here / rate:g} of the rate here, "
-            f"over {fixes_gn()[0]} epochs "
+            f"({gn['groups']} groups) on resnet20 at lr {gn['lr']:g}, 1/{here / gn['lr']:g} of "
+            f"the rate here, over {gn['epochs']} epochs "
             "with bn at that same rate; here each fix runs at the rate its own held-out pilot "
             "chose, over 10 epochs (table-converge trains them 4x longer), so the two rank "
             "GroupNorm on different protocols. `make demo` trains torchvision resnet18 at 32 "
@@ -238,22 +227,23 @@ def reconciled(done: dict[str, dict] | None = None) -> str:
     return " ".join(x for x in (first, demo) if x)
 
 
-def fixes_gn() -> tuple[int, float]:
-    """table-fixes' GroupNorm cell (the README's finding 4): its epochs and its rate."""
+def fixes_gn() -> dict:
+    """table-fixes' GroupNorm cell (the README's finding 4): {epochs, lr, groups} from its
+    spec (its protocol's length where the cell sets none; 32 groups where it sets none)."""
     raw = yaml.safe_load((EXPERIMENTS / "fixes" / "sweep.yaml").read_text())
     gn = next(c for c in raw["cells"] if c.get("fix") == "gn")
-    epochs = next((int(o.split("=")[1]) for o in gn["overrides"] if o.startswith("epochs=")),
-                  yaml.safe_load((CONFIGS / "experiment" / f"{raw['experiment']}.yaml")
-                                 .read_text())["epochs"])  # its protocol's length
-    return epochs, gn["lr"]
+    said = dict(o.split("=", 1) for o in gn["overrides"] if "=" in o)
+    epochs = int(said["epochs"]) if "epochs" in said else yaml.safe_load(
+        (CONFIGS / "experiment" / f"{raw['experiment']}.yaml").read_text())["epochs"]
+    return {"epochs": epochs, "lr": gn["lr"], "groups": said.get("norm.groups", "32")}
 
 
 def finding_four() -> str:
     """How table-fixes (the README's finding 4) trains GroupNorm: '20 epochs at 1/16 of the
     default rate'."""
-    epochs, rate = fixes_gn()
-    return f"{epochs} epochs at 1/{float(reference('')[-1].split('=')[1]) / rate:g} of the " \
-        "default rate"
+    gn = fixes_gn()
+    return f"{gn['epochs']} epochs at 1/{float(reference('')[-1].split('=')[1]) / gn['lr']:g} " \
+        "of the default rate"
 
 
 def versus(e: dict, verb: str = "plateaus") -> str:
