@@ -112,9 +112,10 @@ def render(d: RunsData) -> str:
     return table.runs_page(d, "\n".join([
         "resnet18 at 32 px, bn, 4 ranks x 2 images, lr 0.00625, bf16 autocast (table-values' "
         f"cell), each run stopped at {CAP:,} steps. The H100 column is table-values' run "
-        "(the simulation of ranks on CUDA, experiments/runs-cuda).", "",
-        page.md_table(["seed", "H100, simulated", "this CPU, simulated",
-                       "this CPU, real gloo DDP", "real DDP against the simulation",
+        "(the simulation of ranks on CUDA, experiments/runs-cuda); the CPU columns' machines and "
+        "kernels are listed above.", "",
+        page.md_table(["seed", "H100, simulated", "CPU, simulated",
+                       "CPU, real gloo DDP", "real DDP against the simulation",
                        "the divergence holds under real DDP"], rows), "",
         "## The rules", "", *[w + "\n" for w in words], *rules.history(RULES), ""]))
 
@@ -130,7 +131,7 @@ def plot(d: RunsData, path: Path) -> None:
             run = runs_of(d, by).get(s)
             if run is not None:
                 xs, ys = run.series("train/loss", by="step")
-                ax.plot(xs, ys, color=f"C{i}", lw=1, label=f"{by} (this CPU)")
+                ax.plot(xs, ys, color=f"C{i}", lw=1, label=f"{by} (CPU)")
                 drawn = drawn or bool(xs)
         if isinstance(cuda.get(s), int):
             ax.axvline(cuda[s], color="C3", ls="--", lw=1, label="H100 (simulated) diverged")
