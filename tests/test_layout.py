@@ -179,6 +179,17 @@ def test_the_readme_is_short_and_opens_with_the_two_commands():
                for f in ("training.md", "library.md", "sweeps.md"))
 
 
+def test_the_experiments_index_is_at_most_250_lines_and_lists_every_swept_table():
+    """experiments/README.md, the index of every table: at most 250 lines (the words issue's
+    budget), and every table that `make` builds (a folder with a sweep.yaml) has its row."""
+    root = PACKAGE.parent / "experiments"
+    text = (root / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    missing = [d.name for d in sorted(root.iterdir()) if (d / "sweep.yaml").is_file()
+               and f"make table-{d.name}" not in text]
+    assert not missing, missing
+
+
 def sentences(markdown: str) -> list[str]:
     """The prose sentences of a Markdown page: code blocks, tables, figures and comments left
     out, a list item its own paragraph, bold marks dropped."""
