@@ -124,7 +124,8 @@ def provenance(cells: list[CellResult], tag: str, root: Path = RUNS, budget: int
         "sometimes shared the cores)",
         f"- Wall time of this target: {budget_line(runs, expected, budget, jobs)}" if budget else
         f"- Wall time of this target: about {wall_minutes(runs, jobs):.0f} min "
-        f"{'one run at a time' if jobs == 1 else f'at {jobs} runs side by side'} for the {len(runs)} of {expected} runs finished (its spec sets no budget)",
+        f"{'one run at a time' if jobs == 1 else f'at {jobs} runs side by side'} for the "
+        f"{len(runs)} of {expected} runs finished (its spec sets no budget)",
     ]
     mixed = devices_by_cell(cells)
     return "\n".join(lines[:2] + ([mixed] if mixed else []) + [kernels_line(runs)] +

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from bnlab.claims import converge, recover
-from bnlab.claims.practice.cells import Practice, bn_states, flatness
+from bnlab.claims.practice.cells import Practice, bn_states, find, flatness
 from bnlab.claims.practice.doctor import advice_row
 from bnlab.claims.practice.spec import BATCHES, RANKS, RULES
 from bnlab.claims.recover.words import best_two
@@ -47,7 +47,7 @@ def finding(data: Practice) -> list[Finding]:
 
 def across(data: Practice) -> str:
     """BN's state at each per-rank batch below the reference and whether GroupNorm and
-    GroupNorm+WS stay flat, in a sentence; "" while any is to come."""
+    GroupNorm+WS stay flat, with the runs' length, in a sentence; "" while any is to come."""
     cells = data.runs.cells
     bn = {b: s for b, (_, s) in bn_states(cells).items()}
     flat = {f: flatness(cells, f)[0] for f in ("gn", "gnws")}
@@ -56,8 +56,9 @@ def across(data: Practice) -> str:
     by = {s: [str(b) for b in BATCHES[1:] if bn[b] == s] for s in ("holds", "breaks",
                                                                       "unclear")}
     said = [f"{IS[s]} at {page.listed(bs)}" for s, bs in by.items() if bs]
+    epochs = find(cells, "bn", BATCHES[0]).epochs
     return (f"From {BATCHES[0]} to 2 images per rank (global batch {BATCHES[0] * RANKS} to "
-            f"{2 * RANKS}), BN {', '.join(said)}; GroupNorm "
+            f"{2 * RANKS}, {epochs} epochs), BN {', '.join(said)}; GroupNorm "
             f"{IS[flat['gn']]} and GroupNorm+WS {IS[flat['gnws']]} (flat: every gap to its own "
             f"{RANKS} x {BATCHES[0]} within the seeds' noise).")
 
