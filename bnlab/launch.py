@@ -7,12 +7,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from bnlab import dist, doctor, precheck, resume, trainer
@@ -105,6 +108,26 @@ def mark_failed(run_dir: Path, error: str) -> None:
         set_status(run_dir, "failed", error=error.splitlines()[0][:300] if error else "")
 
 
+def stopped_by_signal(run_dir: Path, sig: int) -> None:
+    """A stop (SIGTERM, SIGUSR1, SIGUSR2) that reached torch's launcher of local ranks, which
+    passed it to them and raised: where no rank had begun the run, this process dies by the
+    signal, as a single-process run stopped while it starts does (a sweep then counts it not
+    started); where the ranks checkpointed, the run is preempted (exit 75); else the run stays
+    as its ranks left it, and relaunching resumes it (exit 1)."""
+    status, name = read_status(run_dir), signal.Signals(sig).name
+    if status is None:
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    if status == "preempted":
+        print(f"bnlab: preempted by {name}: every rank checkpointed; relaunch the same "
+              f"command (same hydra.run.dir) to resume {run_dir}.", file=sys.stderr)
+        raise SystemExit(EXIT_PREEMPTED)
+    mark_failed(run_dir, f"stopped by {name} before its ranks could checkpoint")
+    print(f"bnlab: error: stopped by {name} before the ranks checkpointed; relaunch the "
+          f"same command to resume {run_dir} from its last checkpoint.", file=sys.stderr)
+    raise SystemExit(EXIT_FAILED)
+
+
 def main(cfg: DictConfig) -> dict:
     slurm = dist.adopt_slurm_env()  # SLURM tasks become ranks, as under torchrun
     c = OmegaConf.to_container(cfg, resolve=True)
@@ -137,6 +160,8 @@ def main(cfg: DictConfig) -> dict:
                         f"stopped; the run in {run_dir} is marked failed; relaunch the same "
                         "command to resume it from its last checkpoint.", file=sys.stderr)
             raise SystemExit(EXIT_FAILED) from None
+        except SignalException as e:  # torch's launcher heard the stop; its ranks did too
+            stopped_by_signal(run_dir, e.sigval)
     else:
         result = worker(c, str(run_dir), meta, resuming)
     if not result["ok"]:

@@ -232,3 +232,34 @@ def test_truncate_metrics_keeps_lines_up_to_the_checkpoint_and_drops_a_torn_one(
     assert resume.truncate_metrics(tmp_path, 4) == 3
     kept = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert kept == lines[:3]
+
+
+def test_a_stop_that_reaches_torchs_launcher_of_local_ranks_says_what_became_of_the_run(
+        tmp_path):
+    """`dist.nproc_per_node=N`: torch's launcher hears the stop, passes it to the ranks and
+    raises. Before any rank began the run, the process dies by the signal (as one that had not
+    begun does: a sweep counts it not started, not failed); where every rank checkpointed, it
+    is preempted (exit 75); where they had begun and not checkpointed, the run is marked
+    failed and resumable (exit 1), each with one sentence and no traceback."""
+    code = ("import sys; from pathlib import Path; from bnlab.launch import stopped_by_signal; "
+            "stopped_by_signal(Path(sys.argv[1]), 15)")
+
+    def stop(d: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", code, str(d)], cwd=ROOT, text=True,
+                              capture_output=True, timeout=120)
+
+    never = tmp_path / "never"
+    never.mkdir()
+    assert stop(never).returncode == -signal.SIGTERM and read_status(never) is None
+    ok = tmp_path / "checkpointed"
+    ok.mkdir()
+    set_status(ok, "preempted")
+    out = stop(ok)
+    assert out.returncode == 75 and out.stderr.count("\n") == 1
+    assert "preempted by SIGTERM" in out.stderr and read_status(ok) == "preempted"
+    began = tmp_path / "began"
+    began.mkdir()
+    set_status(began, "running")
+    out = stop(began)
+    assert out.returncode == 1 and out.stderr.startswith("bnlab: error: stopped by SIGTERM")
+    assert out.stderr.count("\n") == 1 and read_status(began) == "failed"
