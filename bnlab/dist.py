@@ -216,7 +216,16 @@ def launch_local(fn: Callable, nproc: int, *args) -> list:
     """
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    # the signals the launcher passes on to its ranks, which checkpoint (bnlab.preempt);
+    # torch's default leaves out SIGUSR1 and SIGUSR2, which killed it with its ranks running
+    handled = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+    if "signals_to_handle" in LaunchConfig.__dataclass_fields__:
+        extra = {"signals_to_handle": handled}
+    else:  # older torch reads only the environment
+        extra = {}
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = handled
     config = LaunchConfig(
+        **extra,
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=nproc,

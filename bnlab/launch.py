@@ -7,10 +7,10 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -24,7 +24,7 @@ from bnlab.config import check_data, validate
 from bnlab.errors import BnlabError
 from bnlab.metrics import summary
 from bnlab.net import build_net
-from bnlab.rundir import read_status, set_status
+from bnlab.rundir import FINAL, read_status, read_status_full, set_status
 
 
 def fail(msg: str, run_dir: Path | None = None, root: Path | None = None) -> None:
@@ -108,20 +108,26 @@ def mark_failed(run_dir: Path, error: str) -> None:
         set_status(run_dir, "failed", error=error.splitlines()[0][:300] if error else "")
 
 
-def stopped_by_signal(run_dir: Path, sig: int) -> None:
-    """A stop (SIGTERM, SIGUSR1, SIGUSR2) that reached torch's launcher of local ranks, which
-    passed it to them and raised: where no rank had begun the run, this process dies by the
-    signal, as a single-process run stopped while it starts does (a sweep then counts it not
-    started); where the ranks checkpointed, the run is preempted (exit 75); else the run stays
-    as its ranks left it, and relaunching resumes it (exit 1)."""
-    status, name = read_status(run_dir), signal.Signals(sig).name
-    if status is None:
-        signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)
+def preempted(run_dir: Path, step: int | None) -> NoReturn:
+    dist.print0(f"bnlab: preempted: checkpointed at step {step}; relaunch the same command "
+                f"(same hydra.run.dir) to resume {run_dir}.", file=sys.stderr)
+    raise SystemExit(EXIT_PREEMPTED)
+
+
+def stopped_by_signal(run_dir: Path, sig: int) -> NoReturn:
+    """A stop that torch's launcher of local ranks heard, passed to its ranks and raised."""
+    rec = read_status_full(run_dir) or {}
+    status, name = rec.get("status"), signal.Signals(sig).name
+    if status is None:  # no rank began the run: die by the signal, as a run stopped while it
+        signal.signal(sig, signal.SIG_DFL)  # starts does (a sweep counts it not started)
+        signal.raise_signal(sig)
+        raise SystemExit(128 + sig)
     if status == "preempted":
-        print(f"bnlab: preempted by {name}: every rank checkpointed; relaunch the same "
-              f"command (same hydra.run.dir) to resume {run_dir}.", file=sys.stderr)
-        raise SystemExit(EXIT_PREEMPTED)
+        preempted(run_dir, rec.get("step"))
+    if status in FINAL:  # the launcher's exit barrier: the ranks had ended the run
+        print(f"bnlab: {name} came after the run had ended ({status}): {run_dir}.",
+              file=sys.stderr)
+        raise SystemExit(EXIT_DIVERGED if status == "diverged" else 0)
     mark_failed(run_dir, f"stopped by {name} before its ranks could checkpoint")
     print(f"bnlab: error: stopped by {name} before the ranks checkpointed; relaunch the "
           f"same command to resume {run_dir} from its last checkpoint.", file=sys.stderr)
@@ -174,7 +180,5 @@ def main(cfg: DictConfig) -> dict:
         if hc.mode != RunMode.MULTIRUN:  # in a multirun the other jobs go on
             raise SystemExit(EXIT_DIVERGED)
     if stopped == "preempted":
-        dist.print0(f"bnlab: preempted: checkpointed at step {result['step']}; relaunch the "
-                    f"same command (same hydra.run.dir) to resume {run_dir}.", file=sys.stderr)
-        raise SystemExit(EXIT_PREEMPTED)
+        preempted(run_dir, result["step"])
     return result

@@ -237,29 +237,55 @@ def test_truncate_metrics_keeps_lines_up_to_the_checkpoint_and_drops_a_torn_one(
 def test_a_stop_that_reaches_torchs_launcher_of_local_ranks_says_what_became_of_the_run(
         tmp_path):
     """`dist.nproc_per_node=N`: torch's launcher hears the stop, passes it to the ranks and
-    raises. Before any rank began the run, the process dies by the signal (as one that had not
-    begun does: a sweep counts it not started, not failed); where every rank checkpointed, it
-    is preempted (exit 75); where they had begun and not checkpointed, the run is marked
-    failed and resumable (exit 1), each with one sentence and no traceback."""
-    code = ("import sys; from pathlib import Path; from bnlab.launch import stopped_by_signal; "
-            "stopped_by_signal(Path(sys.argv[1]), 15)")
+    raises, its own handler still installed. Before any rank began the run, the process dies by
+    the signal (a sweep counts it not started, not failed); where the ranks checkpointed, it
+    is preempted (exit 75); where they had ended the run, it says so with the run's exit
+    status; where they had begun and not checkpointed, the run is marked failed and resumable
+    (exit 1); each in one sentence, no traceback."""
+    code = ("import signal, sys; from pathlib import Path; "
+            "from torch.distributed.elastic.multiprocessing import api; "
+            "signal.signal(signal.SIGTERM, api._terminate_process_handler); "  # as torch leaves it
+            "from bnlab.launch import stopped_by_signal; "
+            "stopped_by_signal(Path(sys.argv[1]), signal.SIGTERM)")
 
-    def stop(d: Path) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", code, str(d)], cwd=ROOT, text=True,
-                              capture_output=True, timeout=120)
+    def stop(name: str, status: str | None, **extra) -> tuple[subprocess.CompletedProcess, Path]:
+        d = tmp_path / name
+        d.mkdir()
+        if status is not None:
+            set_status(d, status, **extra)
+        out = subprocess.run([sys.executable, "-c", code, str(d)], cwd=ROOT, text=True,
+                             capture_output=True, timeout=120)
+        assert "Traceback" not in out.stderr, out.stderr
+        return out, d
 
-    never = tmp_path / "never"
-    never.mkdir()
-    assert stop(never).returncode == -signal.SIGTERM and read_status(never) is None
-    ok = tmp_path / "checkpointed"
-    ok.mkdir()
-    set_status(ok, "preempted")
-    out = stop(ok)
+    out, d = stop("never", None)
+    assert out.returncode == -signal.SIGTERM and read_status(d) is None
+    out, d = stop("checkpointed", "preempted", step=378)
     assert out.returncode == 75 and out.stderr.count("\n") == 1
-    assert "preempted by SIGTERM" in out.stderr and read_status(ok) == "preempted"
-    began = tmp_path / "began"
-    began.mkdir()
-    set_status(began, "running")
-    out = stop(began)
+    assert "preempted: checkpointed at step 378" in out.stderr and read_status(d) == "preempted"
+    for status, rc in (("completed", 0), ("diverged", 3)):
+        out, d = stop(status, status)
+        assert out.returncode == rc and read_status(d) == status
+        assert out.stderr == f"bnlab: SIGTERM came after the run had ended ({status}): {d}.\n"
+    out, d = stop("began", "running")
     assert out.returncode == 1 and out.stderr.startswith("bnlab: error: stopped by SIGTERM")
-    assert out.stderr.count("\n") == 1 and read_status(began) == "failed"
+    assert out.stderr.count("\n") == 1 and read_status(d) == "failed"
+
+
+@pytest.mark.slow  # CI time (3.4 min each beside a sweep); make test-slow runs it
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2])
+def test_a_stop_to_python_train_py_with_local_ranks_checkpoints_them_and_resumes(tmp_path, sig):
+    """SIGTERM, or SIGUSR2 (SLURM's warning, which torch's launcher does not handle by
+    default), to `python train.py dist.nproc_per_node=2` mid-training: its ranks checkpoint, the
+    run is preempted (exit 75, one sentence, no traceback), and relaunching ends it."""
+    d = tmp_path / "run"
+    ddp = [*TINY, "epochs=40", "dist.nproc_per_node=2"]
+    proc = start(ddp, d, tmp_path / "first.log")
+    wait_for_step(d, 40, proc)
+    proc.send_signal(sig)
+    assert proc.wait(timeout=120) == 75
+    log = (tmp_path / "first.log").read_text()
+    assert "bnlab: preempted: checkpointed at step" in log and "Traceback" not in log, log[-2000:]
+    assert read_status_full(d)["status"] == "preempted"
+    p = run_entry("train.py", *ddp, f"hydra.run.dir={d}", cwd=tmp_path)
+    assert p.returncode == 0 and read_status(d) == "completed", p.stderr[-2000:]

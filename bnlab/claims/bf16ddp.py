@@ -84,7 +84,7 @@ def cross_check(runs: Path, tag: str, cuda: Path) -> str:
     that seed's divergence is the simulation's (rules `holds`)."""
     d = table.runs_data(table.Context(TABLE, runs=runs, tag=tag))
     each = [f"seed {r['seed']} {said(r['real'])}" + (
-        f" (the simulation: {said(r['simulated']).removeprefix('diverged ')})"
+        f" (the CPU simulation: {said(r['simulated']).removeprefix('diverged ')})"
         if r["simulated"] is not None else "") + (
         ": its divergence is the simulation's, not DDP's" if r["holds"] is False else "")
         for r in by_seed(d, cuda_steps(cuda))]

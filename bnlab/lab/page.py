@@ -123,9 +123,9 @@ def provenance(cells: list[CellResult], tag: str, root: Path = RUNS, budget: int
         f"{run_minutes(runs):.1f} min (each run's sweep.json, all its launches; other work "
         "sometimes shared the cores)",
         f"- Wall time of this target: {budget_line(runs, expected, budget, jobs)}" if budget else
-        f"- Wall time of this target: about {wall_minutes(runs, jobs):.0f} min "
-        f"{'one run at a time' if jobs == 1 else f'at {jobs} runs side by side'} for the "
-        f"{len(runs)} of {expected} runs finished (its spec sets no budget)",
+        f"- Wall time of this target: about {wall_minutes(runs, jobs):.0f} min {pace(jobs)} "
+        f"(its spec's pace) for the {len(runs)} of {expected} runs finished (its spec sets no "
+        "budget)",
     ]
     mixed = devices_by_cell(cells)
     return "\n".join(lines[:2] + ([mixed] if mixed else []) + [kernels_line(runs)] +
@@ -164,6 +164,10 @@ def crossed(cells: list[CellResult]) -> list[str]:
             "costs)"]
 
 
+def pace(jobs: int) -> str:
+    return "one run at a time" if jobs == 1 else f"at {jobs} runs side by side"
+
+
 def budget_line(runs: list, expected: int, cap: int, jobs: int) -> str:
     """The runs' wall time at `jobs` runs side by side against a budget of `cap` minutes, in one
     sentence."""
@@ -172,7 +176,7 @@ def budget_line(runs: list, expected: int, cap: int, jobs: int) -> str:
     scope = "" if done == expected else f" (the {done} of {expected} runs finished so far)"
     verdict = "within it" if minutes <= cap else f"missed, {minutes / cap:.1f}x over"
     return (f"budget {cap} min on this machine; the runs{scope} come to about {minutes:.0f} "
-            f"min at {jobs} runs side by side: {verdict}")
+            f"min {pace(jobs)}: {verdict}")
 
 
 def wall_line(res: dict) -> str:

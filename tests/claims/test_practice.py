@@ -166,8 +166,8 @@ def test_its_finding_tells_finding_2_once_the_8x2_cells_have_their_seeds(spec, t
         in top.text and "communication-free GroupNorm " in top.text  # its best two, states
     assert top.rank == 2 and set(top.replaces) == {"recover", "converge"}
     assert top.after == ""  # finding 4 says its own protocol: no sentence below the list
-    assert under[0].text == ("From 16 to 2 images per rank (global batch 128 to 16, 30 "
-                             "epochs), BN holds "
+    assert under[0].text == ("From 16 to 2 images per rank (global batch 128 to 16, "
+                             "30 epochs), BN holds "
                              "at 8, breaks at 4 and 2; "
                              "GroupNorm is flat and GroupNorm+WS drops (flat: every gap to "
                              "its own 8 x 16 within the seeds' noise).")
