@@ -153,7 +153,6 @@ if __name__ == "__main__":
 def test_readme_and_make_help_quote_the_same_times():
     """Every `make X` whose help line quotes a time (`~N min`) and that the README's first
     screen times too: the same number in both."""
-
     root = PACKAGE.parent
     makefile = (root / "Makefile").read_text()
     helps = dict(re.findall(r"^([\w-]+):.*?## .*?~([\d.]+) min", makefile, flags=re.M))
@@ -193,7 +192,6 @@ def test_the_experiments_index_is_at_most_250_lines_and_lists_every_swept_table(
 def sentences(markdown: str) -> list[str]:
     """The prose sentences of a Markdown page: code blocks, tables, figures and comments left
     out, a list item its own paragraph, bold marks dropped."""
-
     text = re.sub(r"```.*?```", "", markdown, flags=re.S)
     kept = [ln for ln in text.splitlines() if not ln.startswith(("|", "<!--", "!["))]
     paras = re.split(r"\n\s*\n|\n(?=\s*(?:[-*]|\d+\.) )", "\n".join(kept))
