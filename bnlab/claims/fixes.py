@@ -373,7 +373,7 @@ def finding(d: RunsData) -> list[Finding]:
     others = {name: x[0] for fix, name in (("frozen_bn", "frozen BN"), ("gn", "GroupNorm"))
               if (x := over_bn(d, fix)) is not None}
     return [Finding(
-        f"On {page.model([bn, sb])} at 4 x 2, {page.rate(lr)}, {bn.epochs:g} epochs, SyncBN "
+        f"On {page.model([bn, sb])} at 4 x 2, lr {page.short(lr)}, {bn.epochs:g} epochs, SyncBN "
         f"plateaus {abs(g[0]):.1f} points {where} "
         f"BN (95% CI {signed(g[1])} to {signed(g[2])})"
         + (", " + " and ".join(f"{name} {x:+.1f}" for name, x in others.items())

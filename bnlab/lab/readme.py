@@ -4,6 +4,7 @@ verdicts into the project's README.md, between their `<!-- name:begin/end -->` m
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -126,14 +127,17 @@ HEADLINE = EXPERIMENTS / "headline.json"  # the headline's verdicts for make dem
 def write_json(path: Path, verdicts: list[Verdict], status: str,
                findings: tuple[Finding, ...]) -> None:
     """The headline's verdicts in a few words and the tables' findings, as data (read by
-    `make demo`, which cannot afford to rebuild them from the runs)."""
+    `make demo`, which cannot afford to rebuild them from the runs, and by the test that sets a
+    table's coming finding among them)."""
     tmp = path.with_name(f".{path.name}.tmp")  # whole or not at all: make demo may read it
     tmp.write_text(json.dumps({
         "preliminary": bool(status),
         "verdicts": [{"claim": v.claim, "claimed": v.claimed, "ours": v.short,
                       "verdict": v.verdict, "final": v.final} for v in verdicts],
-        "findings": [{"text": f.text, "table": f.table,
-                      "under": [{"text": u.text, "table": u.table} for u in f.under]}
+        "findings": [{"text": f.text, "table": f.table, "mark": f.mark, "rank": f.rank,
+                      "after": f.after,
+                      "under": [{"text": u.text, "table": u.table, "mark": u.mark}
+                                for u in f.under]}
                      for f in findings]}, indent=1,
         ensure_ascii=False) + "\n")
     tmp.replace(path)
@@ -157,16 +161,18 @@ TERMS = (
     ("+ws", "WS: Weight Standardization."),
     ("†", "†: a rule written after its data."),
 )
-# where a finding measures against 8 x 16 (table-practice's reference), the share says so
-AT_8X16 = ("Share of BN's loss against 1 x 8", "Share of BN's loss against the reference (1 x 8; "
-           "8 x 16 at 8 ranks)")
+# the reference a share of BN's loss is measured against: 1 x 8 (table-recover's), 8 x 16
+# (table-practice's, at 8 ranks) where the line holding the share says so, or both
+SHARE = "Share of BN's loss against 1 x 8"
+AGAINST = {(True, False): SHARE, (False, True): "Share of BN's loss against 8 x 16",
+           (True, True): "Share of BN's loss against the reference (1 x 8; 8 x 16 at 8 ranks)"}
 
 
 def terms(findings: tuple[Finding, ...] = (), rest: str = "") -> str:
     """The terms line: each term that the findings, the lines under them, the sentences below
     the list, `rest` (the verdict table) or a definition kept for them use; "" where none."""
-    said = " ".join([rest, *(f.after for f in findings),
-                     *(x.text + x.mark for f in findings for x in (f, *f.under))]).lower()
+    said = "\n".join([rest, *(f.after for f in findings),
+                      *(x.text + x.mark for f in findings for x in (f, *f.under))]).lower()
     kept: list[str] = []
     while True:  # a kept definition may use another term (the default rate: 4 x 2)
         now = [d for mark, d in TERMS if mark in " ".join([said, *kept]).lower()]
@@ -174,7 +180,18 @@ def terms(findings: tuple[Finding, ...] = (), rest: str = "") -> str:
             break
         kept = now
     line = ("Terms: " + " ".join(kept)) if kept else ""
-    return line.replace(*AT_8X16) if "8 x 16" in said else line
+    shares = [ln for ln in said.splitlines() if "bn's loss" in ln]
+    against = (any("8 x 16" not in ln for ln in shares), any("8 x 16" in ln for ln in shares))
+    return line.replace(SHARE, AGAINST[against]) if any(against) else line
+
+
+def prose(text: str) -> list[str]:
+    """The README's findings section ("## What it found" to the next heading) as its word
+    budget counts it: the lines outside tables, figures and markers, each link's target dropped
+    (a link's target is no prose); the terms line first."""
+    section = text.split("## What it found")[1].split("\n## ")[0]
+    return [re.sub(r"\]\([^)]*\)", "]", ln) for ln in section.splitlines()
+            if ln.strip() and not ln.startswith(("|", "![", "<!--"))]
 
 
 def write_headline(path: Path, figures: list[str], verdicts: list[Verdict], status: str,

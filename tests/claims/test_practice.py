@@ -12,10 +12,11 @@ import pytest
 
 from bnlab.claims import practice
 from bnlab.errors import BnlabError
+from bnlab.lab import readme
 from bnlab.lab.plan import Cell
 from bnlab.lab.results import CellResult, Run
 from bnlab.lab.spec import spec_from
-from bnlab.lab.table import RunsData
+from bnlab.lab.table import Finding, RunsData, Verdict, nested
 
 RATES = {"gn": 0.2, "gnws": 0.1, "evonorm": 0.4}
 
@@ -166,15 +167,10 @@ def test_its_finding_tells_finding_2_once_the_8x2_cells_have_their_seeds(spec, t
         in top.text and "communication-free GroupNorm " in top.text  # its best two, states
     assert top.rank == 2 and set(top.replaces) == {"recover", "converge"}
     assert top.after == ""  # finding 4 says its own protocol: no sentence below the list
-    assert under[0].text == ("From 16 to 2 images per rank (global batch 128 to 16, "
-                             "30 epochs), BN holds "
-                             "at 8, breaks at 4 and 2; "
-                             "GroupNorm is flat and GroupNorm+WS drops (flat: every gap to "
-                             "its own 8 x 16 within the seeds' noise).")
-    assert under[1].table == "recover" and under[1].text == (
-        "The earlier protocol, 4 x 2 (global batch 8), ranks the fixes over 10 epochs (40 in "
-        "[table-converge](experiments/converge/table.md)); [table-batch](experiments/batch/"
-        "table.md) tries Wu and He's layout at 4 ranks.")  # its line adds table-recover's link
+    assert [u.table for u in under] == ["recover"] and under[0].text == (
+        "The earlier, smaller-batch protocol ranked fixes at 4 x 2 (also "
+        "[table-converge](experiments/converge/table.md), [table-batch](experiments/batch/"
+        "table.md)).")  # its line adds table-recover's link; across the batches: the figure
     assert all(u.extends == "practice" for u in under)
     shown = [re.sub(r"\]\([^)]*\)", "]", f.line()) for f in (top, *under)]  # as the README
     assert len(top.text.split()) <= 40  # one sentence, as tests/test_layout.py counts it
@@ -182,10 +178,35 @@ def test_its_finding_tells_finding_2_once_the_8x2_cells_have_their_seeds(spec, t
     assert all(len(u.split()) <= 45 for u in shown[1:])
     assert practice.title(d) == ("BN breaks at 4 and 2 images per rank; GroupNorm is flat "
                                  "(ours, beside Wu and He's)")  # the figure says what it found
-    eight = [c for c in made_up() if c.cell.label != "bn 8x8"]  # 8 x 8 cut: no line across
-    top2, *under2 = practice.finding(practice.Practice(
-        RunsData(spec, eight, "cifar10-5085", tmp_path, tmp_path)))
-    assert top2.text == top.text and [u.table for u in under2] == ["recover"]
+    eight = [c for c in made_up() if c.cell.label != "bn 8x8"]  # 8 x 8 cut: no title across
+    d8 = practice.Practice(RunsData(spec, eight, "cifar10-5085", tmp_path, tmp_path))
+    assert practice.finding(d8)[0].text == top.text and "runs to come" in practice.title(d8)
     waiting = practice.Practice(RunsData(spec, made_up()[:3], "cifar10-5085", tmp_path,
                                          tmp_path))
     assert practice.finding(waiting) == [] and practice.finding(practice.Practice(None)) == []
+
+
+def test_the_readme_s_findings_fit_1800_characters_once_this_table_tells_finding_2(spec,
+                                                                                   tmp_path):
+    """The words issue's budget, read where it applies (finding 2 told from this table): the
+    committed findings (experiments/headline.json) with this table's, from made-up cells, in
+    their place, written as `make report` writes them; at most 1,800 characters of prose."""
+    h = json.loads(readme.HEADLINE.read_text())
+    kept = [Finding(f["text"], f["table"], f["mark"], f["rank"], f["after"],
+                    under=tuple(Finding(u["text"], u["table"], u["mark"]) for u in f["under"]))
+            for f in h["findings"]]
+    d = practice.Practice(RunsData(spec, made_up(), "cifar10-5085", tmp_path, tmp_path))
+    found = nested(sorted([*kept, *practice.finding(d)], key=lambda f: f.rank))
+    assert [f.table for f in found][:2] == ["values", "practice"]  # finding 2, in its place
+    assert not {"recover", "converge"} & {f.table for f in found}  # theirs one click away
+    assert "Plain GroupNorm" not in " ".join(f.after for f in found)  # and their sentence below
+    verdicts = [Verdict(v["claim"], "", v["claimed"], v["ours"], v["verdict"], "",
+                        final=v["final"]) for v in h["verdicts"]]
+    out = tmp_path / "README.md"
+    out.write_text("## What it found\n\n<!-- headline:begin -->\n<!-- headline:end -->\n")
+    readme.write_headline(out, [], verdicts, "", tuple(found[:readme.FINDINGS]))
+    shown = readme.prose(out.read_text())
+    assert shown[0].startswith("Terms: ") and "Share of BN's loss against 8 x 16: " in shown[0]
+    assert "Pilot:" not in shown[0] and "Values:" not in shown[0]  # no finding uses them now
+    assert sum(map(len, shown)) <= 1800, "\n".join(f"{len(s)} {s}" for s in shown)
+    print(sum(map(len, shown)), "characters")
