@@ -116,6 +116,8 @@ def test_the_page_and_figure_build_from_runs_and_before_any(spec, tmp_path):
     d = practice.Practice(RunsData(spec, made_up(), "cifar10-5085", tmp_path, tmp_path))
     md = practice.render(d)
     assert "+10.0 (" in md and "breaks" in md and "gap to its own 8 x 16 (flat)" in md
+    assert ("\n\nFrom 8 x 16 to 8 x 2 (global batch 128 to 16, 30 epochs), BN holds at 8, "
+            "breaks at 4 and 2 images per rank; GroupNorm is flat") in md  # the line across
     assert "| bn's loss at 2 images per rank (against 16 here, 32 there) | 10.0 | 11.1 |" in md
     practice.plot(d, tmp_path / "practice.png")
     assert (tmp_path / "practice.png").stat().st_size > 10_000

@@ -112,6 +112,7 @@ def render(data: Practice) -> str:
         "3 seeds with its 95% t interval; gaps are paired on the seed (positive: accuracy "
         "lost).", "",
         "## BN and GroupNorm by images per rank (8 ranks)", "",
+        *([said, ""] if (said := across(data)) else []),  # once every batch is judged
         page.md_table(["", *[f"8 x {b}" for b in BATCHES]], rows), "",
         page.md_table(["gap (points)", *[f"8 x {b}" for b in BATCHES]], grows), "",
         "## Each fix at 8 x 2 (global batch 16)", "",

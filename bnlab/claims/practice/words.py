@@ -47,7 +47,8 @@ def finding(data: Practice) -> list[Finding]:
 
 def across(data: Practice) -> str:
     """BN's state at each per-rank batch below the reference and whether GroupNorm and
-    GroupNorm+WS stay flat, with the runs' length, in a sentence; "" while any is to come."""
+    GroupNorm+WS stay flat, with the runs' length, in a sentence (the page's, over its table
+    by images per rank; the figure's title says it in states); "" while any is to come."""
     cells = data.runs.cells
     bn = {b: s for b, (_, s) in bn_states(cells).items()}
     flat = {f: flatness(cells, f)[0] for f in ("gn", "gnws")}
