@@ -171,8 +171,9 @@ AGAINST = {(True, False): SHARE, (False, True): "Share of BN's loss against 8 x 
 def terms(findings: tuple[Finding, ...] = (), rest: str = "") -> str:
     """The terms line: each term that the findings, the lines under them, the sentences below
     the list, `rest` (the verdict table) or a definition kept for them use; "" where none."""
-    said = "\n".join([rest, *(f.after for f in findings),
-                      *(x.text + x.mark for f in findings for x in (f, *f.under))]).lower()
+    # one line each, each opening with a space: a term's mark may open a line (" x ", " values")
+    said = "\n ".join([rest, *(f.after for f in findings),
+                       *(x.text + x.mark for f in findings for x in (f, *f.under))]).lower()
     kept: list[str] = []
     while True:  # a kept definition may use another term (the default rate: 4 x 2)
         now = [d for mark, d in TERMS if mark in " ".join([said, *kept]).lower()]

@@ -117,7 +117,8 @@ def test_the_page_and_figure_build_from_runs_and_before_any(spec, tmp_path):
     md = practice.render(d)
     assert "+10.0 (" in md and "breaks" in md and "gap to its own 8 x 16 (flat)" in md
     assert ("\n\nFrom 8 x 16 to 8 x 2 (global batch 128 to 16, 30 epochs), BN holds at 8, "
-            "breaks at 4 and 2 images per rank; GroupNorm is flat") in md  # the line across
+            "breaks at 4 and 2 images per rank; GroupNorm is flat and GroupNorm+WS drops (flat: "
+            "every gap within the seeds' noise of its own 8 x 16).") in md  # the line across
     assert "| bn's loss at 2 images per rank (against 16 here, 32 there) | 10.0 | 11.1 |" in md
     practice.plot(d, tmp_path / "practice.png")
     assert (tmp_path / "practice.png").stat().st_size > 10_000
@@ -170,9 +171,8 @@ def test_its_finding_tells_finding_2_once_the_8x2_cells_have_their_seeds(spec, t
     assert top.rank == 2 and set(top.replaces) == {"recover", "converge"}
     assert top.after == ""  # finding 4 says its own protocol: no sentence below the list
     assert [u.table for u in under] == ["recover"] and under[0].text == (
-        "The earlier, smaller-batch protocol ranked fixes at 4 x 2 (also "
-        "[table-converge](experiments/converge/table.md), [table-batch](experiments/batch/"
-        "table.md)).")  # its line adds table-recover's link; across the batches: the figure
+        "The earlier protocol's tables: [table-converge](experiments/converge/table.md), "
+        "[table-batch](experiments/batch/table.md).")  # table-recover's link follows it
     assert all(u.extends == "practice" for u in under)
     shown = [re.sub(r"\]\([^)]*\)", "]", f.line()) for f in (top, *under)]  # as the README
     assert len(top.text.split()) <= 40  # one sentence, as tests/test_layout.py counts it
@@ -188,16 +188,25 @@ def test_its_finding_tells_finding_2_once_the_8x2_cells_have_their_seeds(spec, t
     assert practice.finding(waiting) == [] and practice.finding(practice.Practice(None)) == []
 
 
-def test_the_readme_s_findings_fit_1800_characters_once_this_table_tells_finding_2(spec,
-                                                                                   tmp_path):
+def longest() -> list[CellResult]:
+    """made_up's cells with the longest finding 2 they can give: BN unclear at 8 x 2 would
+    carry no share, so BN breaks; the best fix, SyncBN in 4-rank groups, past 100% of BN's
+    loss with a wide interval, and the best without communication GroupNorm+WS, unclear."""
+    cells = [c for c in made_up() if c.cell.label not in ("syncbn4 8x2", "gnws 8x2")]
+    return [*cells, cell("syncbn4", 2, [86.0, 78.4, 80.1]), cell("gnws", 2, [80.0, 74.0, 82.5])]
+
+
+@pytest.mark.parametrize("cells", [made_up, longest])
+def test_the_readme_s_findings_fit_1800_characters_once_this_table_tells_finding_2(
+        spec, tmp_path, cells):
     """The words issue's budget, read where it applies (finding 2 told from this table): the
     committed findings (experiments/headline.json) with this table's, from made-up cells, in
     their place, written as `make report` writes them; at most 1,800 characters of prose."""
     h = json.loads(readme.HEADLINE.read_text())
     kept = [Finding(f["text"], f["table"], f["mark"], f["rank"], f["after"],
                     under=tuple(Finding(u["text"], u["table"], u["mark"]) for u in f["under"]))
-            for f in h["findings"]]
-    d = practice.Practice(RunsData(spec, made_up(), "cifar10-5085", tmp_path, tmp_path))
+            for f in h["findings"] if f["table"] not in ("practice", *practice.REPLACES)]
+    d = practice.Practice(RunsData(spec, cells(), "cifar10-5085", tmp_path, tmp_path))
     found = nested(sorted([*kept, *practice.finding(d)], key=lambda f: f.rank))
     assert [f.table for f in found][:2] == ["values", "practice"]  # finding 2, in its place
     assert not {"recover", "converge"} & {f.table for f in found}  # theirs one click away
@@ -211,4 +220,4 @@ def test_the_readme_s_findings_fit_1800_characters_once_this_table_tells_finding
     assert shown[0].startswith("Terms: ") and "Share of BN's loss against 8 x 16: " in shown[0]
     assert "Pilot:" not in shown[0] and "Values:" not in shown[0]  # no finding uses them now
     assert sum(map(len, shown)) <= 1800, "\n".join(f"{len(s)} {s}" for s in shown)
-    print(sum(map(len, shown)), "characters")
+    print(shown[2], sum(map(len, shown)), "characters")

@@ -285,7 +285,7 @@ def test_the_readme_line_on_why_bn_jitters_carries_each_part_s_outcome(tmp_path)
     marks = lr.judged(d)[1]
     assert (marks["P1"], marks["P2"], marks["P3"]) == ("agrees", "agrees", "agrees")
     line = lr.finding(d)[1].text  # the README's sentence: P1's ratio with its interval
-    assert line.startswith("Why BN jitters: on the model at lr 0.0031 (1/2 of the default), "
+    assert line.startswith("Why BN jitters: on the model at lr 0.0031, "
                            "BN's running statistics add ") and \
         f"{marks['ratio'][0.003125]:.2f}x SyncBN's jitter variance (95% CI " \
         in line and \
@@ -384,7 +384,7 @@ def test_c6_and_c9_are_ruled_on_the_fixes_spec_s_cells_where_their_control_is_st
     assert all(v.final for v in fixes.verdicts(d))  # every cell has all its seeds
     f = fixes.finding(d)[0]  # the README's sentence: syncbn over bn, seeds not paired
     g = fixes.over_bn(d, "syncbn")
-    assert f.text.startswith(f"On the model at 4 x 2, lr 0.0016, "  # finding 3 places it
+    assert f.text.startswith(f"On the model at 4 x 2, lr 0.0016, "  # the default: terms
                              f"{d.cells[0].epochs:g} epochs, SyncBN plateaus "
                              f"{abs(g[0]):.1f} points ") and f.table == "fixes"
     assert f"(95% CI {g[1]:+.1f} to {g[2]:+.1f})" in f.text

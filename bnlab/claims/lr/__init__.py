@@ -231,7 +231,7 @@ def finding(d: RunsData) -> list[Finding]:
             f"{page.model(d.cells)} at {page.rate(lr)}, {only}, BN's jitter is {c['ratio']:.2f}x "
             f"SyncBN's (95% CI {fmt(c['lo'], 2)} to {fmt(c['hi'], 2)}); the rule asks "
             f"{REPRODUCED:g}x.", "lr", rules.mark(RULES), rank=3)
-    return [c1, why(d)]
+    return [c1, why(d, lr)]
 
 
 TABLE = table.Table("lr", ("C1", "C3", "C4"), table.runs_data, render, verdicts, plot,

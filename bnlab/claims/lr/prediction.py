@@ -13,12 +13,13 @@ from bnlab.claims.lr.cells import (
     NORMS,
     P1,
     PREDICTED,
+    RULES,
     cell,
     mean,
     rates,
     ready,
 )
-from bnlab.lab import page
+from bnlab.lab import page, rules
 from bnlab.lab.analysis import ratio_interval
 from bnlab.lab.results import CellResult, fmt, split
 from bnlab.lab.table import Finding, RunsData
@@ -114,22 +115,27 @@ def interval(d: RunsData, lr: float) -> str:
     return f"95% CI {fmt(lo, 2)} to {fmt(hi, 2)}"
 
 
-def why(d: RunsData) -> Finding:
+def why(d: RunsData, ruled: float | None = None) -> Finding:
     """Why BN jitters, in a sentence: bn's over syncbn's statistics part at the lowest rate the
-    prediction was written for (P1's test), with its bootstrap interval, against P1's bound.
-    The rates added after the prediction stay on the page (predictions()), out of the README's
-    sentence, which states only what was predicted before the runs."""
+    prediction was written for (P1's test) and at `ruled` (C1's rate, where it differs), with
+    their bootstrap intervals, against P1's bound."""
     m = judged(d)[1]
     if "P1" not in m:
         return Finding("Why BN jitters (the prediction written before table-lr's runs): its "
                        "runs are still to come.", "lr", rank=5)
     low, ratio = predicted_rates(d)[0], m["ratio"]
+    added = ruled is not None and ruled != low and ruled in ratio
+    later = (f"; {ratio[ruled]:.2f}x ({interval(d, ruled).removeprefix('95% CI ')}) at "
+             f"{page.rate(ruled).split(' (')[0].removeprefix('lr ')}, added later"
+             if added else "")
     met = f"as predicted beforehand ({P1:g}x or more)" if m["P1"] == "agrees" else \
         f"not the {P1:g}x or more predicted beforehand"
     return Finding(
-        f"Why BN jitters: on {page.model(d.cells)} at {page.rate(low)}, BN's running "
+        f"Why BN jitters: on {page.model(d.cells)} at lr {page.short(low)}, BN's running "
         f"statistics add {ratio[low]:.2f}x SyncBN's jitter variance ({interval(d, low)}), "
-        f"{met}.", "lr", rank=5)
+        f"{met}"
+        f"{later}.", "lr",
+        rules.mark(RULES) if added else "", rank=5)
 
 
 def fit_line(d: RunsData, among: list[float], what: str) -> list[str]:

@@ -40,7 +40,8 @@ def finding(data: Practice) -> list[Finding]:
             f"{RANKS} x {BATCHES[0]}" if math.isfinite(g["gap"]) else
             f" (it diverged where {RANKS} x {BATCHES[0]} did not)")
     text = f"BN {IS[state]} at {RANKS} x 2 on resnet20{lost}; {best_two(row, short=SHORT)}."
-    # across the per-rank batches: the figure's title, shown above the list (title())
+    # across the per-rank batches: the figure's title, shown under the list (title()),
+    # and the page's line (across())
     return [Finding(text, "practice", rules.mark(RULES), rank=2, replaces=REPLACES),
             Finding(earlier(), "recover", rules.mark(recover.RULES), extends="practice")]
 
@@ -61,11 +62,12 @@ def across(data: Practice) -> str:
     return (f"From {RANKS} x {BATCHES[0]} to {RANKS} x 2 (global batch {BATCHES[0] * RANKS} to "
             f"{2 * RANKS}, {epochs} epochs), BN {', '.join(said)} "
             f"images per rank; GroupNorm {IS[flat['gn']]} and GroupNorm+WS {IS[flat['gnws']]} "
-            f"(flat: within the seeds' noise of its own {RANKS} x {BATCHES[0]}).")
+            f"(flat: every gap within the seeds' noise of its own {RANKS} x {BATCHES[0]}).")
 
 
 def earlier() -> str:
-    """Where the earlier, smaller-batch protocol's tables are, in a sentence."""
-    return ("The earlier, smaller-batch protocol ranked fixes at 4 x 2 (also "
-            "[table-converge](experiments/converge/table.md), "
-            "[table-batch](experiments/batch/table.md)).")
+    """Where the earlier protocol's tables are (global batch 8, and Wu and He's layout at 4
+    ranks), in a line set under the finding; table-recover's link follows it, as the link of
+    every line does."""
+    return ("The earlier protocol's tables: [table-converge](experiments/converge/table.md), "
+            "[table-batch](experiments/batch/table.md).")
