@@ -287,7 +287,7 @@ def test_the_readme_line_on_why_bn_jitters_carries_each_part_s_outcome(tmp_path)
     line = lr.finding(d)[1].text  # the README's sentence: P1's ratio with its interval
     assert line.startswith("Why BN jitters: on the model at lr 0.0031, "
                            "BN's running statistics add ") and \
-        f"{marks['ratio'][0.003125]:.2f}x SyncBN's jitter variance (95% CI " \
+        f"{marks['ratio'][0.003125]:.2f}x the jitter variance SyncBN's add (95% CI " \
         in line and \
         line.endswith("as predicted beforehand (2x or more)."), line
     # bn no noisier than syncbn at the low rate, and syncbn's part shrinking: all three fail

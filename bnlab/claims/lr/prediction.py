@@ -132,7 +132,7 @@ def why(d: RunsData, ruled: float | None = None) -> Finding:
         f"not the {P1:g}x or more predicted beforehand"
     return Finding(
         f"Why BN jitters: on {page.model(d.cells)} at lr {page.short(low)}, BN's running "
-        f"statistics add {ratio[low]:.2f}x SyncBN's jitter variance ({interval(d, low)}), "
+        f"statistics add {ratio[low]:.2f}x the jitter variance SyncBN's add ({interval(d, low)}), "
         f"{met}"
         f"{later}.", "lr",
         rules.mark(RULES) if added else "", rank=5)
