@@ -10,6 +10,7 @@ import yaml
 
 from bnlab import checkpoint
 from bnlab.__main__ import main
+from bnlab.lab import quoted
 from bnlab.net import build_net
 from conftest import ROOT, run_here
 
@@ -194,13 +195,22 @@ def test_layers_outside_batch_statistics_are_listed_not_flagged(capsys, factory_
 
 
 def test_the_outputs_quoted_in_docs_library_are_current(capsys):
-    import re
-    text = (ROOT / "docs/library.md").read_text()
-    quoted = re.findall(r"<!-- doctor: (.*?) -->\n```text\n(.*?)\n```", text, re.S)
-    assert len(quoted) == 2
-    for args, block in quoted:
+    """make report rewrites them (bnlab/lab/quoted.py); this catches a change that did not."""
+    blocks = quoted.quotes()
+    assert len(blocks) == 2
+    for args, block in blocks:
         _, out, _ = _doctor(capsys, *args.split())
         assert out.rstrip("\n") == block, args
+
+
+def test_make_report_rewrites_a_stale_quote_with_the_doctor_s_output(tmp_path):
+    page = tmp_path / "library.md"
+    args = "--model bnlab:resnet18 --world 4 --batch-per-rank 2"
+    page.write_text(f"Before.\n<!-- doctor: {args} -->\n```text\nstale\n```\nAfter.\n")
+    quoted.refresh(page)
+    (got, block), = quoted.quotes(page)
+    assert got == args and block == quoted.doctor_output(args) and "stale" not in block
+    assert page.read_text().startswith("Before.\n") and page.read_text().endswith("After.\n")
 
 
 def test_the_skip_a_refusal_advises_is_a_doctor_option(capsys, factory_dir):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bnlab.cli import run_cli
 from bnlab.errors import BnlabError
-from bnlab.lab import figures
+from bnlab.lab import figures, quoted
 from bnlab.lab.readme import write_verdicts
 from bnlab.lab.spec import data_tag
 from bnlab.lab.sweep import add_launcher_args, launcher_kwargs, outcome, sweep
@@ -89,6 +89,9 @@ def main(registry: dict[str, Table], argv: list[str] | None = None) -> int:
             if c.table is group[-1][0] and \
                     len(group) == sum(t.marker == c.table.marker for t in registry.values()):
                 write_verdicts(c.readme, c.table.marker, group, built)
+        if len(built) == len(registry) and a.experiments.resolve() == EXPERIMENTS.resolve() \
+                and a.runs.resolve() == RUNS.resolve():  # every table, from the committed runs
+            quoted.refresh()  # the doctor's outputs in docs/library.md cite the advice just written
         if figures.PROBLEMS:  # written, but a figure a reader cannot read is a failed build
             print(f"bnlab: {len(figures.PROBLEMS)} figure text problem(s), listed above; "
                   "fix the plot that draws each.", file=sys.stderr)

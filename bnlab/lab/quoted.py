@@ -1,0 +1,42 @@
+"""The doctor's outputs that docs/library.md quotes, rewritten from the doctor itself: each
+block under `<!-- doctor: ARGS -->` is what `bnlab doctor ARGS` prints today. `make report`
+refreshes them once it has written the tables' advice (bnlab/measured/), so the page follows
+the measurements it cites; tests/test_doctor.py checks that they are current."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+from bnlab.paths import ROOT
+
+LIBRARY = ROOT / "docs" / "library.md"
+# the marker line with the doctor's arguments, then the quoted output in a ```text block
+QUOTED = re.compile(r"(<!-- doctor: (.*?) -->\n```text\n)(.*?)(\n```)", re.S)
+
+
+def doctor_output(args: str) -> str:
+    """What `bnlab doctor ARGS` prints on stdout, its last newline dropped."""
+    from bnlab.__main__ import main  # the command line, as a user runs it
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["doctor", *args.split()])
+    return out.getvalue().rstrip("\n")
+
+
+def quotes(path: Path = LIBRARY) -> list[tuple[str, str]]:
+    """Each quoted block of `path`: (the doctor's arguments, the output quoted)."""
+    return [(m[2], m[3]) for m in QUOTED.finditer(path.read_text())]
+
+
+def refresh(path: Path = LIBRARY) -> None:
+    """Rewrite every quoted block of `path` with the doctor's output today; the file is left
+    alone where nothing changed."""
+    text = path.read_text()
+    new = QUOTED.sub(lambda m: m[1] + doctor_output(m[2]) + m[4], text)
+    if new != text:
+        path.write_text(new)
+        print(f"wrote the doctor's outputs quoted in {path}")
