@@ -39,7 +39,9 @@ def finding(data: Practice) -> list[Finding]:
     lost = (f", {g['gap']:.1f} points ({fmt(g['lo'])} to {fmt(g['hi'])}) under "
             f"{RANKS} x {BATCHES[0]}" if math.isfinite(g["gap"]) else
             f" (it diverged where {RANKS} x {BATCHES[0]} did not)")
-    text = f"BN {IS[state]} at {RANKS} x 2 on resnet20{lost}; {best_two(row, short=SHORT)}."
+    answer = ": it leaves no loss for a fix to win back" if state == "holds" else \
+        f"; {best_two(row, short=SHORT)}"  # where BN holds, no share and no fix to name
+    text = f"BN {IS[state]} at {RANKS} x 2 on resnet20{lost}{answer}."
     # across the per-rank batches: the figure's title, shown under the list (title()),
     # and the page's line (across())
     return [Finding(text, "practice", rules.mark(RULES), rank=2, replaces=REPLACES),
