@@ -5,11 +5,14 @@ the measurements it cites; tests/test_doctor.py checks that they are current."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import re
 from pathlib import Path
 
+from bnlab import commands
+from bnlab.cli import run_cli
 from bnlab.paths import ROOT
 
 LIBRARY = ROOT / "docs" / "library.md"
@@ -18,12 +21,14 @@ QUOTED = re.compile(r"(<!-- doctor: (.*?) -->\n```text\n)(.*?)(\n```)", re.S)
 
 
 def doctor_output(args: str) -> str:
-    """What `bnlab doctor ARGS` prints on stdout, its last newline dropped."""
-    from bnlab.__main__ import main  # the command line, as a user runs it
-
+    """What `python -m bnlab doctor ARGS` prints on stdout, its last newline dropped (the
+    doctor's own parser: the entry point sits above the lab, which does not import it)."""
+    parser = argparse.ArgumentParser(prog="python -m bnlab")
+    commands.add_doctor(parser.add_subparsers(dest="command", required=True))
+    parsed = parser.parse_args(["doctor", *args.split()])
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        main(["doctor", *args.split()])
+        run_cli(lambda: parsed.run(parsed))
     return out.getvalue().rstrip("\n")
 
 
