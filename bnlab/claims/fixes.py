@@ -262,7 +262,8 @@ def c9(d: RunsData) -> Verdict:
     v = "reproduced" if steadiest and close else "partly" if steadiest or close else \
         "not reproduced"
     glance = (f"jitter gn {mean(vals(gn)):.2f} vs the lowest other {lowest:.2f} pts; last "
-              f"epoch's acc {-gap:+.1f} pts against syncbn")
+              f"epoch's acc {-gap:+.1f} pts against syncbn (4 x 2, lr "
+              f"{page.short(gn.cell.meta['lr'])}, {gn.epochs:g} epochs)")  # GN's protocol, said
     return Verdict("C9", "make table-fixes", "GN steadiest, close to SyncBN", ours, v, rule,
                    glance)
 

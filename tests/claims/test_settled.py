@@ -380,6 +380,7 @@ def test_c6_and_c9_are_ruled_on_the_fixes_spec_s_cells_where_their_control_is_st
     c6, c9 = fixes.c6(d), fixes.c9(d)
     assert c6.verdict == "reproduced" and c6.glance.startswith("jitter frozen BN")
     assert c9.verdict in ("reproduced", "partly") and "against syncbn" in c9.glance
+    assert c9.glance.endswith(f"(4 x 2, lr 0.0016, {d.cells[0].epochs:g} epochs)")  # its protocol
     assert re.search(r"\(\w+\): gn / \w+ [\d.]+x \(95% interval [\d.]+ to [\d.]+\)", c9.ours)
     assert all(v.final for v in fixes.verdicts(d))  # every cell has all its seeds
     f = fixes.finding(d)[0]  # the README's sentence: syncbn over bn, seeds not paired
