@@ -134,7 +134,7 @@ table-pitfalls: install ## C11: SyncBN conversion/launch pitfalls, measured -> e
 figure-losslog: install ## C13: one run's loss logged sparsely vs as a running mean -> experiments/losslog/
 	$(CLAIMS) losslog
 
-report: install ## regenerate every table, plot and verdict from existing runs (no training)
+report: install ## regenerate every table, plot, verdict and the doctor outputs docs/library.md quotes, from existing runs (no training)
 	$(PY) -m bnlab.claims all --report
 
 layout: install ## the package's layers, circles and longest import chain, from its imports

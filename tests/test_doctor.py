@@ -10,6 +10,7 @@ import yaml
 
 from bnlab import checkpoint
 from bnlab.__main__ import main
+from bnlab.errors import BnlabError
 from bnlab.lab import quoted
 from bnlab.net import build_net
 from conftest import ROOT, run_here
@@ -211,6 +212,15 @@ def test_make_report_rewrites_a_stale_quote_with_the_doctor_s_output(tmp_path):
     (got, block), = quoted.quotes(page)
     assert got == args and block == quoted.doctor_output(args) and "stale" not in block
     assert page.read_text().startswith("Before.\n") and page.read_text().endswith("After.\n")
+    kept = page.read_text()
+    page.write_text(kept + "<!-- doctor: --model bnlab:resnet18 --world 0 -->\n```text\nx\n```\n")
+    with pytest.raises(BnlabError, match=r"under `<!-- doctor: --model bnlab:resnet18 --world 0 "
+                       r"-->` exited 2 \(bnlab: error: .*\); mend the arguments"):
+        quoted.refresh(page)  # a refused doctor: nothing rewritten, the build fails
+    assert page.read_text().startswith(kept)
+    page.write_text(kept.replace(args, "--no-such-flag"))
+    with pytest.raises(BnlabError, match="exited 2"):
+        quoted.refresh(page)
 
 
 def test_the_skip_a_refusal_advises_is_a_doctor_option(capsys, factory_dir):

@@ -5,8 +5,10 @@ verdicts.
 
 Without `--report` a table first trains what its `experiments/<name>/sweep.yaml` asks for
 (every table named shares one pool of jobs) and measures what it measures beyond training;
-with `--report` it is rebuilt from the runs' logs and its results.json only. This module
-never imports bnlab.claims: the registry is handed to `main`.
+with `--report` it is rebuilt from the runs' logs and its results.json only. Where the advice
+goes to bnlab/measured/ (the default `--experiments`), the doctor's outputs quoted in
+docs/library.md are rewritten last (bnlab/lab/quoted.py). This module never imports
+bnlab.claims: the registry is handed to `main`.
 """
 
 from __future__ import annotations
@@ -89,9 +91,8 @@ def main(registry: dict[str, Table], argv: list[str] | None = None) -> int:
             if c.table is group[-1][0] and \
                     len(group) == sum(t.marker == c.table.marker for t in registry.values()):
                 write_verdicts(c.readme, c.table.marker, group, built)
-        if len(built) == len(registry) and a.experiments.resolve() == EXPERIMENTS.resolve() \
-                and a.runs.resolve() == RUNS.resolve():  # every table, from the committed runs
-            quoted.refresh()  # the doctor's outputs in docs/library.md cite the advice just written
+        if a.experiments.resolve() == EXPERIMENTS.resolve():  # the advice went to bnlab/measured/
+            quoted.refresh()  # the doctor's outputs in docs/library.md cite what it now says
         if figures.PROBLEMS:  # written, but a figure a reader cannot read is a failed build
             print(f"bnlab: {len(figures.PROBLEMS)} figure text problem(s), listed above; "
                   "fix the plot that draws each.", file=sys.stderr)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from bnlab import commands
 from bnlab.cli import run_cli
+from bnlab.errors import BnlabError
 from bnlab.paths import ROOT
 
 LIBRARY = ROOT / "docs" / "library.md"
@@ -22,13 +23,22 @@ QUOTED = re.compile(r"(<!-- doctor: (.*?) -->\n```text\n)(.*?)(\n```)", re.S)
 
 def doctor_output(args: str) -> str:
     """What `python -m bnlab doctor ARGS` prints on stdout, its last newline dropped (the
-    doctor's own parser: the entry point sits above the lab, which does not import it)."""
-    parser = argparse.ArgumentParser(prog="python -m bnlab")
+    doctor's own parser: the entry point sits above the lab, which does not import it). A
+    doctor that refuses the arguments, or prints nothing, is an error: no block is rewritten
+    with it."""
+    parser = argparse.ArgumentParser(prog="python -m bnlab", exit_on_error=False)
     commands.add_doctor(parser.add_subparsers(dest="command", required=True))
-    parsed = parser.parse_args(["doctor", *args.split()])
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        run_cli(lambda: parsed.run(parsed))
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            parsed = parser.parse_args(["doctor", *args.split()])
+            code = run_cli(lambda: parsed.run(parsed))
+    except (argparse.ArgumentError, SystemExit):
+        code = 2
+    if code not in (0, 1) or not out.getvalue().strip():  # 1: a layer at risk, as quoted
+        raise BnlabError(f"the doctor quoted in {LIBRARY.name} under `<!-- doctor: {args} -->` "
+                         f"exited {code} ({err.getvalue().strip() or 'no output'}); mend the "
+                         "arguments on that line.")
     return out.getvalue().rstrip("\n")
 
 
@@ -39,7 +49,8 @@ def quotes(path: Path = LIBRARY) -> list[tuple[str, str]]:
 
 def refresh(path: Path = LIBRARY) -> None:
     """Rewrite every quoted block of `path` with the doctor's output today; the file is left
-    alone where nothing changed."""
+    alone where nothing changed, and where any block's doctor fails (every output is computed
+    before the file is written)."""
     text = path.read_text()
     new = QUOTED.sub(lambda m: m[1] + doctor_output(m[2]) + m[4], text)
     if new != text:

@@ -183,8 +183,8 @@ def test_its_finding_tells_finding_2_once_the_8x2_cells_have_their_seeds(spec, t
     holds = practice.Practice(RunsData(spec, made_up((0.4, 0.4, 0.4)), "cifar10-5085", tmp_path,
                                        tmp_path))  # BN holds at 8 x 2: no fix to name
     assert practice.finding(holds)[0].text == (
-        "BN holds at 8 x 2 on resnet20, 0.4 points (-0.3 to 1.1) under 8 x 16: it leaves no "
-        "loss for a fix to win back.")
+        "BN holds at 8 x 2 on resnet20, 0.4 points (-0.3 to 1.1) under 8 x 16, within the "
+        "rule's 2 points, so no fix's share of its loss is measured.")
     eight = [c for c in made_up() if c.cell.label != "bn 8x8"]  # 8 x 8 cut: no title across
     d8 = practice.Practice(RunsData(spec, eight, "cifar10-5085", tmp_path, tmp_path))
     assert practice.finding(d8)[0].text == top.text and "runs to come" in practice.title(d8)

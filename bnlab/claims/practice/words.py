@@ -39,8 +39,8 @@ def finding(data: Practice) -> list[Finding]:
     lost = (f", {g['gap']:.1f} points ({fmt(g['lo'])} to {fmt(g['hi'])}) under "
             f"{RANKS} x {BATCHES[0]}" if math.isfinite(g["gap"]) else
             f" (it diverged where {RANKS} x {BATCHES[0]} did not)")
-    answer = ": it leaves no loss for a fix to win back" if state == "holds" else \
-        f"; {best_two(row, short=SHORT)}"  # where BN holds, no share and no fix to name
+    answer = (f", within the rule's {RULES['break_points']:g} points, so no fix's share of its "
+              "loss is measured") if state == "holds" else f"; {best_two(row, short=SHORT)}"
     text = f"BN {IS[state]} at {RANKS} x 2 on resnet20{lost}{answer}."
     # across the per-rank batches: the figure's title, shown under the list (title()),
     # and the page's line (across())
