@@ -67,6 +67,16 @@ def test_c1_is_ruled_where_the_control_is_steady_and_c3_follows_it(tmp_path):
     assert lr.c4(d).verdict == "untestable"
 
 
+def test_the_swing_s_order_is_indistinguishable_within_the_seeds_spread():
+    from bnlab.claims.lr.verdicts import order_of
+    from bnlab.lab.analysis import Stat
+    assert order_of(Stat(5.3, 0.5, 5), Stat(5.7, 0.4, 5)) == "indistinguishable"  # table-lr's
+    assert order_of(Stat(4.0, 0.5, 5), Stat(5.7, 0.4, 5)) == "reversed"
+    assert order_of(Stat(7.0, 0.5, 5), Stat(5.7, 0.4, 5)) == "the same"
+    assert order_of(Stat(4.0, None, 1), Stat(4.1, None, 1)) == "reversed"  # no spread: by mean
+    assert order_of(Stat(None, None, 0), Stat(5.7, 0.4, 5)) is None
+
+
 def test_an_unsteady_chosen_rate_moves_c1_to_the_nearest_steady_rate(tmp_path):
     noise = {("syncbn", 0.003125): 0.5, ("bn", 0.003125): 0.5, ("syncbn", 0.0125): 6.0,
              ("bn", 0.0125): 6.0, ("syncbn", 0.1): 6.0, ("bn", 0.1): 6.0}

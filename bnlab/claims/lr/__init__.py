@@ -49,7 +49,7 @@ from bnlab.claims.lr.cost import section as cost_section
 from bnlab.claims.lr.prediction import *  # noqa: F403
 from bnlab.claims.lr.prediction import parts, predictions, why
 from bnlab.claims.lr.verdicts import *  # noqa: F403
-from bnlab.claims.lr.verdicts import c1_parts, verdicts
+from bnlab.claims.lr.verdicts import c1_parts, swing_order, verdicts
 from bnlab.jitter import PLATEAU
 from bnlab.lab import page, rules, table
 from bnlab.lab.analysis import Stat
@@ -105,20 +105,24 @@ def eval_cost(d: RunsData) -> str:
 
 
 def swing_line(d: RunsData) -> list[str]:
-    """By the claim's own measure, the swing, at C1's rate: where its order reverses, said
-    beside C1's contrast (the von Neumann sd removes the trend the swing reads)."""
+    """By the claim's own measure, the swing, at C1's rate: its order and whether the seeds'
+    spread separates it, said beside C1's contrast (the von Neumann sd removes the trend the
+    swing reads)."""
     lr = ruling_rate(d)[0]
-    bn, sb = (None, None) if lr is None else (cell(d, "bn", lr), cell(d, "syncbn", lr))
-    if bn is None or sb is None or bn.jstat("swing").mean is None or \
-            sb.jstat("swing").mean is None:
+    if lr is None or cell(d, "bn", lr) is None or cell(d, "syncbn", lr) is None:
         return []
-    b, s = bn.jstat("swing").mean, sb.jstat("swing").mean
-    order = "reverses: BN's is the smaller" if b < s else "agrees: BN's is the larger"
+    order, b, s = swing_order(d, lr)
+    if order is None:
+        return []
+    said = {"reversed": "reverses: BN's is the smaller", "the same": "agrees: BN's is the larger",
+            "indistinguishable": f"{'reverses' if b.mean < s.mean else 'agrees'} by the means, "
+            f"within the seeds' spread (sd {b.std or 0:.1f} and {s.std or 0:.1f}): "
+            "indistinguishable"}[order]
     return ["", f"By the claim's own measure, the swing (half the range of val acc over the "
-            f"plateau, mean over seeds), BN ±{b:.1f} against SyncBN ±{s:.1f} at lr {lr:g}: the "
-            f"order {order}. The swing reads the plateau's climb and its slow moves as well; the "
-            "von Neumann sd, C1's measure, removes the trend and reads the evaluation-to-"
-            "evaluation jitter the claim is about."]
+            f"plateau, mean over seeds), BN ±{b.mean:.1f} against SyncBN ±{s.mean:.1f} at lr "
+            f"{lr:g}: the order {said}. The swing reads the plateau's climb and its slow moves "
+            "as well; the von Neumann sd, C1's measure, removes the trend and reads the "
+            "evaluation-to-evaluation jitter the claim is about."]
 
 
 def render(d: RunsData) -> str:

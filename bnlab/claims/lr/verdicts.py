@@ -28,6 +28,7 @@ from bnlab.claims.lr.cells import (
     without_added,
 )
 from bnlab.lab import page, rules, table
+from bnlab.lab.analysis import Stat
 from bnlab.lab.results import fmt
 from bnlab.lab.table import RunsData, Verdict
 
@@ -88,13 +89,30 @@ def c1_parts(d: RunsData) -> tuple[str, str, str, str]:
     v = outcome(c)
     note = " (indistinguishable)" if v == "not reproduced" else \
         " (bn does not learn: no room to jitter)" if v == "untestable" else ""
-    sw = [cell(d, n, lr).jstat("swing").mean for n in ("bn", "syncbn")]
-    swing = "" if None in sw else \
-        f"; by the swing {'reversed' if sw[0] < sw[1] else 'the same'}, {sw[0]:.1f} vs {sw[1]:.1f}"
+    order, b, s = swing_order(d, lr)
+    swing = "" if order is None else f"; by the swing {order}, {b.mean:.1f} vs {s.mean:.1f}"
     glance = (f"von Neumann sd bn {mean(vals(bn)):.2f} vs syncbn "
               f"{mean(vals(cell(d, 'syncbn', lr))):.2f}, {c['ratio']:.2f}x ({fmt(c['lo'], 2)} "
               f"to {fmt(c['hi'], 2)}) at lr {page.short(lr)}{swing}" + note)
     return v, f"{c['text']}{note}; {why}", RULE_C1 + disclosure(d, lr), glance
+
+
+def swing_order(d: RunsData, lr: float) -> tuple[str | None, Stat, Stat]:
+    """The claim's own measure, bn's swing against syncbn's at `lr` (mean and sd over seeds),
+    in a word (order_of), with both."""
+    b, s = (cell(d, n, lr).jstat("swing") for n in ("bn", "syncbn"))
+    return order_of(b, s), b, s
+
+
+def order_of(b: Stat, s: Stat) -> str | None:
+    """'indistinguishable' where bn's and syncbn's means differ by no more than the seeds'
+    spread (the larger sd), else 'reversed' (bn's the smaller) or 'the same' (bn's the
+    larger); None where either is missing."""
+    if b.mean is None or s.mean is None:
+        return None
+    spread = max((x for x in (b.std, s.std) if x is not None), default=0.0)
+    return "indistinguishable" if abs(b.mean - s.mean) <= spread else \
+        "reversed" if b.mean < s.mean else "the same"
 
 
 def c1(d: RunsData) -> Verdict:
