@@ -100,12 +100,18 @@ def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]],
     if any(t.headline for t, _ in built) and \
             readme.resolve() == (EXPERIMENTS / "README.md").resolve() and \
             all(d.root.resolve() == RUNS.resolve() for d in sweeps):  # the committed runs
-        found = nested(sorted((f for t, d in (every or built) if t.finding
-                               for f in t.finding(d)), key=lambda f: f.rank))[:FINDINGS]
+        found = headline_findings([f for t, d in (every or built) if t.finding
+                                   for f in t.finding(d)])
         figures = shown_figures([t for t, _ in (every or built)], found)
         marks = {v.claim: rules.mark(rules.read(t.rules)) for t, v in ruled if t.rules}
         write_headline(ROOT / "README.md", figures, verdicts, status, tuple(found), marks)
         write_json(HEADLINE, verdicts, status, tuple(found))
+
+
+def headline_findings(findings: list[Finding]) -> list[Finding]:
+    """The findings the README lists: by rank, each set under the table it extends, those of a
+    replaced table left out (nested), the highest-ranked FINDINGS of them."""
+    return nested(sorted(findings, key=lambda f: f.rank))[:FINDINGS]
 
 
 def shown_figures(tables: list[Table], found: list[Finding]) -> list[str]:
