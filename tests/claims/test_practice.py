@@ -59,21 +59,29 @@ def test_the_spec_waits_for_every_pilot_choice(monkeypatch):
         practice.pilot_choices()
 
 
-def run(end: float, seed: int, epochs: int = 30, b: int = 2) -> Run:
+def run(end: float, seed: int, epochs: int = 30, b: int = 2, diverged: bool = False) -> Run:
     rows = [{"epoch": e, "val/acc": end if e > 0.9 * epochs else 20.0}
             for e in range(1, epochs + 1)]
     rows.append({"epoch": epochs, "train/loss": 1.0, "train_epoch/loss": 0.5})
-    return Run(Path(f"/nowhere/{end}/{seed}"), "completed", rows,
+    return Run(Path(f"/nowhere/{end}/{seed}"), "diverged" if diverged else "completed", rows,
                info={"steps_per_epoch": 40,  # resnet20's last stage: 8 x 8 values an image
                      "bn_values_per_channel": {"layers.0.bn1": 1024 * b,
                                                "layers.8.bn2": 64 * b}}, seed=seed)
 
 
-def cell(fix: str, b: int, ends: list[float], longer: bool = False) -> CellResult:
+def cell(fix: str, b: int, ends: list[float], longer: bool = False,
+         diverged: tuple[int, ...] = ()) -> CellResult:
     c = Cell(f"{fix} 8x{b}" + (" longer" if longer else ""),
              ["norm.groups=8"] if fix in practice.FREE else [], [0, 1, 2],
              cfg={"epochs": 30}, meta={"fix": fix, "per_rank": b, "lr": 0.1, "longer": longer})
-    return CellResult(c, [run(a, s, b=b) for s, a in enumerate(ends)], 3)
+    return CellResult(c, [run(a, s, b=b, diverged=s in diverged) for s, a in enumerate(ends)],
+                      3)
+
+
+def swap(cells: list[CellResult], *new: CellResult) -> list[CellResult]:
+    """`cells` with each of `new` in place of the cell of its label."""
+    labels = {c.cell.label for c in new}
+    return [c for c in cells if c.cell.label not in labels] + list(new)
 
 
 def made_up(lost_at: tuple[float, float, float] = (0.4, 3.0, 10.0)) -> list[CellResult]:
@@ -90,6 +98,9 @@ def made_up(lost_at: tuple[float, float, float] = (0.4, 3.0, 10.0)) -> list[Cell
     cells += [cell("syncbn4", 2, [79.0, 80.2, 78.1]), cell("frozen_bn", 2, [69.5, 71.4, 69.0]),
               cell("gn", 16, [79.0, 80.0, 78.5], longer=True)]
     return cells
+
+
+WIDE = cell("bn", 8, [80.0, 81.0, 73.8])  # gaps 0, 0 and 5.7 to bn at 8 x 16: unclear
 
 
 def test_bn_breaks_where_its_gap_is_2_points_or_more_with_its_interval_above_0():
@@ -110,6 +121,54 @@ def test_each_fix_at_8x2_gets_table_recovers_state_and_its_share_of_bns_loss():
     frozen = practice.fix_at_two(cells, practice.find(cells, "frozen_bn", 2))
     assert frozen["state"] == "no better"
     assert practice.fix_at_two(cells, practice.find(cells, "gn", 2))["state"] == "partly"
+
+
+def test_a_gap_of_exactly_2_points_breaks_and_one_under_2_with_a_wide_interval_is_unclear():
+    at_two = swap(made_up(), cell("bn", 8, [78.0, 79.0, 77.5]))  # 2.0 on every seed
+    assert practice.bn_states(at_two)[8][1] == "breaks"
+    g, state = practice.bn_states(swap(made_up(), WIDE))[8]
+    assert g["gap"] < 2 and g["hi"] > 4 and g["lo"] < 0 and state == "unclear"
+
+
+
+def test_a_diverged_seed_gives_the_worse_state_and_bn_diverged_gives_no_share(spec, tmp_path):
+    """rules `diverged` (version 4): bn diverged where 8 x 16 did not breaks whatever its
+    other seeds lost; a fix's gain over it then has 2 pairs, fewer than min_seeds: unclear, and
+    no share is measured; a fix or gnws that diverged is no better, or drops."""
+    cells = swap(made_up(), cell("bn", 2, [79.7, 80.7, 79.2], diverged=(2,)))
+    g, state = practice.bn_states(cells)[2]
+    assert state == "breaks" and g["n"] == 2 and g["gap"] < 1
+    gn = practice.fix_at_two(cells, practice.find(cells, "gn", 2))
+    assert gn["gain"]["n"] == 2 and gn["state"] == "unclear" and gn["share"][1] is None
+    d = practice.Practice(RunsData(spec, cells, "cifar10-5085", tmp_path, tmp_path))
+    assert practice.finding(d)[0].text.startswith(
+        "BN breaks at 8 x 2 on resnet20 (it diverged on 1 of 3 seeds where 8 x 16 did not); ")
+    assert "regains" not in practice.finding(d)[0].text  # no share where bn diverged
+    sync = swap(made_up(), cell("syncbn4", 2, [80.0, 81.0, 79.5], diverged=(0,)))
+    assert practice.fix_at_two(sync, practice.find(sync, "syncbn4", 2))["state"] == "no better"
+    gnws = swap(made_up(), cell("gnws", 8, [79.0, 79.6, 78.9], diverged=(1,)))
+    verdict, each = practice.flatness(gnws, "gnws")
+    assert verdict == "drops" and each[8][1] == "drops"
+
+
+def test_the_best_fix_is_the_best_state_first_and_version_3s_reading_is_on_the_page(
+        spec, tmp_path):
+    """rules `advice` (version 4): a noisy fix with the largest mean gain, ruled no better,
+    is not the best where another recovers; the page says what version 3 (the largest gain
+    alone) gives."""
+    cells = swap(made_up(), cell("syncbn4", 2, [88.0, 72.0, 80.0]))
+    d = practice.Practice(RunsData(spec, cells, "cifar10-5085", tmp_path, tmp_path))
+    row, old = practice.advice_row(d), practice.advice_row(d, v3=True)
+    assert old["best"]["fix"] == "syncbn4" and old["best"]["state"] == "no better"
+    assert row["best"]["state"] == "partly" and row["best"]["fix"] == "gn"
+    assert "no fix beats BN" not in practice.finding(d)[0].text
+    assert practice.before_v4(d) == ("best fix SyncBN in groups of 4 ranks (no better); best "
+                                     "without per-step communication GroupNorm (partly)")
+    md = practice.render(d)
+    assert ("Version 4 (commit" in md and "Without it the rules give: best fix SyncBN in groups "
+            "of 4 ranks (no better)" in md)
+    same = practice.Practice(RunsData(spec, made_up(), "cifar10-5085", tmp_path, tmp_path))
+    assert practice.before_v4(same) == "the same states, shares and best fixes"
 
 
 def test_the_page_and_figure_build_from_runs_and_before_any(spec, tmp_path):
@@ -139,6 +198,7 @@ def test_the_doctors_thresholds_are_judged_on_bns_cells_below_the_reference():
     assert late["answer"].startswith("not supported (bn holds at 8 x 4") and late["change"] == 4
     waiting = [c for c in made_up() if c.cell.label != "bn 8x4"] + [cell("bn", 4, [77.0, 78.3])]
     assert practice.doctor_judgment(waiting)["answer"] == "undecided"  # a seed still to come
+    assert practice.doctor_judgment(swap(made_up(), WIDE))["answer"] == "undecided"  # unclear
 
 
 def test_the_advice_row_has_every_fix_at_8x2_in_table_recovers_form(spec, tmp_path):

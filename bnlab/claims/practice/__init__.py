@@ -37,7 +37,7 @@ from bnlab.claims.practice.cells import (
     per_seed,
 )
 from bnlab.claims.practice.doctor import *  # noqa: F403 (the table's names, one namespace)
-from bnlab.claims.practice.doctor import advice, doctor_lines
+from bnlab.claims.practice.doctor import advice, before_v4, doctor_lines
 from bnlab.claims.practice.spec import *  # noqa: F403
 from bnlab.claims.practice.spec import BATCHES, NAMES, NORMS, PUBLISHED, RULES
 from bnlab.claims.practice.words import *  # noqa: F403
@@ -79,7 +79,7 @@ def published_gap(norm: str, b: int) -> float:
 def render(data: Practice) -> str:
     if data.runs is None:
         return "\n".join(["# Every fix at its best at a practitioner's global batch (8 ranks)",
-                          "", f"No runs yet: {data.waiting}.", "", *rules_lines(), ""])
+                          "", f"No runs yet: {data.waiting}.", "", *rules_lines(data), ""])
     d = data.runs
     cells = d.cells
     bn = bn_states(cells)
@@ -125,7 +125,7 @@ def render(data: Practice) -> str:
         "## Every cell: rate, length, steps and final train loss", "",
         page.md_table(["cell", "lr at 128", "epochs", "seeds", "steps per run",
                        "final train loss (mean)"], lrows), "",
-        *rules_lines(), ""]))
+        *rules_lines(data), ""]))
 
 
 def steps_of(c: CellResult) -> str:
@@ -161,12 +161,14 @@ def published_lines(cells: list[CellResult]) -> list[str]:
                  f"{PUBLISHED['error']['gn'][1] - PUBLISHED['error']['bn'][1]:.1f}"]]), ""]
 
 
-def rules_lines() -> list[str]:
-    """The rules in words (rules.yaml), then their history."""
+def rules_lines(data: Practice | None = None) -> list[str]:
+    """The rules in words (rules.yaml), then their history (what version 3 gives on `data`)."""
     words = [f"**{k}**: {' '.join(RULES.raw[k].split())}" for k in (
-        "cells", "measure", "bn_breaks", "flat", "fixes", "longer", "published", "doctor",
-        "doctor_change", "advice")]
-    return ["## The rules", "", *[w + "\n" for w in words], *rules.history(RULES)]
+        "cells", "measure", "bn_breaks", "flat", "fixes", "diverged", "longer", "published",
+        "doctor", "doctor_change", "advice")]
+    gave = {"before_v4": before_v4(data) if data is not None and data.runs is not None
+            else "nothing yet: no runs"}
+    return ["## The rules", "", *[w + "\n" for w in words], *rules.history(RULES, gave)]
 
 
 # ----------------------------------------------------------------------------------------

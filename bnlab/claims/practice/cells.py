@@ -83,17 +83,21 @@ def flatness(cells: list[CellResult], fix: str) -> tuple[str, dict[int, tuple[di
     return verdict, each
 
 
-def fix_at_two(cells: list[CellResult], c: CellResult) -> dict | None:
+def fix_at_two(cells: list[CellResult], c: CellResult, v3: bool = False) -> dict | None:
     """A fix at 8 x 2 against the 8 x 16 reference and bn at 8 x 2: table-recover's state and
-    the share of bn's loss it gets back (where bn breaks at 8 x 2)."""
+    the share of bn's loss it gets back (where bn breaks at 8 x 2 and ended every seed; `v3`:
+    as rules version 3 read it, a share wherever bn breaks and unclear only where the gap has
+    too few pairs)."""
     ref, bn = find(cells, "bn", 16), find(cells, "bn", 2)
     g, gain = gap(c, ref), gap(bn, c)
     if g is None or gain is None or (b := gap(bn, ref)) is None:
         return None
     breaks = level(b, "breaks", "holds", RULES["break_points"], RULES["flat_interval"]) == \
-        "breaks"
+        "breaks" and (v3 or not b["lost"])
     a, bb, r = per_seed(c), per_seed(bn), per_seed(ref)
     seeds = sorted(set(a) & set(bb) & set(r))
     share = judge.ratio_of_means([a[s] - bb[s] for s in seeds], [r[s] - bb[s] for s in seeds]) \
         if breaks else (math.nan, None, None)
-    return {"gap": g, "gain": gain, "share": share, "state": fix_state(g, gain, g["lost"], RULES)}
+    counted = {**gain, "n": max(gain["n"], RULES["min_seeds"])} if v3 else gain
+    return {"gap": g, "gain": gain, "share": share,
+            "state": fix_state(g, counted, g["lost"], RULES)}

@@ -72,23 +72,25 @@ def doctor_lines(cells: list[CellResult]) -> list[str]:
             f"The thresholds: **{j['answer']}**. {then}", ""]
 
 
-def advice_row(data: Practice) -> dict | None:
+def advice_row(data: Practice, v3: bool = False) -> dict | None:
     """This table's row for the doctor (rules `advice`), in table-recover's form: every fix at
     8 x 2 ({fix, name, state, gain, groups, share, lo, hi}), the best and the best without
-    per-step communication, the input and its values per channel; None until the reference, bn
-    at 8 x 2 and every fix there have their seeds."""
+    per-step communication (the best state first, then the largest gain; `v3`: as rules
+    version 3 read it, the largest gain alone, fix_at_two's v3), the input and its values per
+    channel; None until the reference, bn at 8 x 2 and every fix there have their seeds."""
     if data.runs is None:
         return None
     cells = data.runs.cells
     at_two = [c for c in cells if c.cell.meta["per_rank"] == 2 and not c.cell.meta.get("longer")
               and c.cell.meta["fix"] != "bn"]
-    ms = {c.cell.meta["fix"]: (c, fix_at_two(cells, c)) for c in at_two}
+    ms = {c.cell.meta["fix"]: (c, fix_at_two(cells, c, v3)) for c in at_two}
     if not ms or any(m is None for _, m in ms.values()):
         return None
     return {"table": "table-practice", "input": "resnet20",
             "values": fewest_values(find(cells, "bn", 2)), "where": WHERE,
             "global_batch": 2 * RANKS, "epochs": find(cells, "bn", 2).epochs,
-            **best_of({f: entry(f, c, m, NAMES.get(f, f)) for f, (c, m) in ms.items()})}
+            **best_of({f: entry(f, c, m, NAMES.get(f, f)) for f, (c, m) in ms.items()},
+                      by_state=not v3)}
 
 
 def advice(data: Practice, out: Path) -> None:
@@ -106,3 +108,20 @@ def advice(data: Practice, out: Path) -> None:
         path.unlink(missing_ok=True)
     else:
         table.save_results(path, got)
+
+
+def before_v4(data: Practice) -> str:
+    """What rules version 3 give where version 4 reads otherwise (rules.yaml `gave`): the best
+    fix by gain alone, a fix unclear only where its gap has too few pairs, a share where bn
+    diverged; said while the cells are to come, and where both read the same."""
+    new, old = advice_row(data), advice_row(data, v3=True)
+    if new is None or old is None:
+        return "nothing yet: the cells at 8 x 2 are still to come"
+    if new == old:
+        return "the same states, shares and best fixes"
+    said = lambda e: f"{e['name']} ({e['state']})"  # noqa: E731
+    moved = [f"{said(e)} where version 4 says {new['fixes'][f]['state']}"
+             for f, e in old["fixes"].items() if e["state"] != new["fixes"][f]["state"]]
+    return "; ".join([f"best fix {said(old['best'])}", *(
+        [f"best without per-step communication {said(old['best_free'])}"]
+        if old.get("best_free") else []), *moved])

@@ -4,10 +4,8 @@ other GroupNorm number (finding 4) says its own rate and length in its sentence.
 
 from __future__ import annotations
 
-import math
-
 from bnlab.claims import recover
-from bnlab.claims.practice.cells import Practice, bn_states, find, flatness
+from bnlab.claims.practice.cells import Practice, bn_states, find, flatness, per_seed
 from bnlab.claims.practice.doctor import advice_row
 from bnlab.claims.practice.spec import BATCHES, RANKS, RULES
 from bnlab.claims.recover.words import best_two
@@ -36,9 +34,11 @@ def finding(data: Practice) -> list[Finding]:
         return []
     cells = data.runs.cells
     g, state = bn_states(cells)[2]
-    lost = (f", {g['gap']:.1f} points ({fmt(g['lo'])} to {fmt(g['hi'])}) under "
-            f"{RANKS} x {BATCHES[0]}" if math.isfinite(g["gap"]) else
-            f" (it diverged where {RANKS} x {BATCHES[0]} did not)")
+    bn, ref = per_seed(find(cells, "bn", 2)), per_seed(find(cells, "bn", BATCHES[0]))
+    lost = (f" (it diverged on {len(set(ref) - set(bn))} of {len(ref)} seeds where "
+            f"{RANKS} x {BATCHES[0]} did not)" if g["lost"] else
+            f", {g['gap']:.1f} points ({fmt(g['lo'])} to {fmt(g['hi'])}) under "
+            f"{RANKS} x {BATCHES[0]}")
     answer = (f", within the rule's {RULES['break_points']:g} points, so no fix's share of its "
               "loss is measured") if state == "holds" else f"; {best_two(row, short=SHORT)}"
     text = f"BN {IS[state]} at {RANKS} x 2 on resnet20{lost}{answer}."

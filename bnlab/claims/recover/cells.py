@@ -133,7 +133,7 @@ def state(g: dict, gain: dict, lost: bool, by: rules.Rules = RULES) -> str:
     the same form, table-converge's)."""
     if lost:
         return "no better"
-    if g["n"] < by["min_seeds"] or g["lo"] is None or gain["lo"] is None:
+    if min(g["n"], gain["n"]) < by["min_seeds"] or g["lo"] is None or gain["lo"] is None:
         return "unclear"
     if g["gap"] < by["recovers_gap"] and g["hi"] < by["recovers_interval"]:
         return "recovers"
@@ -254,10 +254,18 @@ def picks(data: Recover, inp: str = FIRST) -> dict | None:
             **best_of({f: entry(f, c, m) for f, (c, m) in ms.items()})}
 
 
-def best_of(fixes: dict[str, dict]) -> dict:
+# the states, best first: table-practice's best fix is the one with the best state, then the
+# largest gain (its rules `advice`, version 4)
+STATE_ORDER = ("recovers", "partly", "unclear", "no better")
+
+
+def best_of(fixes: dict[str, dict], by_state: bool = False) -> dict:
     """{best, best_free, fixes}: the fix entries (entry()) with the largest gain over bn, over
-    all and over those without per-step communication (None where none is measured)."""
-    gain = lambda f: fixes[f]["gain"]  # noqa: E731
+    all and over those without per-step communication (None where none is measured);
+    `by_state`: the best state first (STATE_ORDER), the largest gain among those."""
+    def rank(f: str) -> tuple:
+        st = -STATE_ORDER.index(fixes[f]["state"]) if by_state else 0
+        return st, fixes[f]["gain"]
     free = [f for f in fixes if f in COMMUNICATION_FREE]
-    return {"best": fixes[max(fixes, key=gain)],
-            "best_free": fixes[max(free, key=gain)] if free else None, "fixes": fixes}
+    return {"best": fixes[max(fixes, key=rank)],
+            "best_free": fixes[max(free, key=rank)] if free else None, "fixes": fixes}
