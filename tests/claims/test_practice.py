@@ -118,6 +118,7 @@ def test_each_fix_at_8x2_gets_table_recovers_state_and_its_share_of_bns_loss():
     cells = made_up()
     sync = practice.fix_at_two(cells, practice.find(cells, "syncbn4", 2))
     assert sync["state"] == "recovers" and sync["share"][0] == pytest.approx(0.9, abs=0.05)
+    assert sync["share"][1] < sync["share"][0] < sync["share"][2] < 1.0  # its bootstrap interval
     frozen = practice.fix_at_two(cells, practice.find(cells, "frozen_bn", 2))
     assert frozen["state"] == "no better"
     assert practice.fix_at_two(cells, practice.find(cells, "gn", 2))["state"] == "partly"
@@ -179,6 +180,9 @@ def test_the_page_and_figure_build_from_runs_and_before_any(spec, tmp_path):
             "breaks at 4 and 2 images per rank; GroupNorm is flat and GroupNorm+WS drops (flat: "
             "every gap within the seeds' noise of its own 8 x 16).") in md  # the line across
     assert "| bn's loss at 2 images per rank (against 16 here, 32 there) | 10.0 | 11.1 |" in md
+    assert "| gn's gap to bn at 16 images per rank | 2.0 | 0.5 |" in md
+    assert "| 8 x 16 | +2.0 (1.8 to 2.2) | +1.0 (1.0 to 1.0) |" in md  # gn at twice the length
+    assert "| 8 x 2 | +2.0 (1.8 to 2.2) | to come |" in md
     practice.plot(d, tmp_path / "practice.png")
     assert (tmp_path / "practice.png").stat().st_size > 10_000
     waiting = practice.Practice(None, "its spec is to come")
