@@ -118,7 +118,8 @@ def render(data: Practice) -> str:
         "## Each fix at 8 x 2 (global batch 16)", "",
         "Against bn at 8 x 16 (the reference) and bn at 8 x 2, table-recover's states; the share "
         "of bn's loss is the fix's gain over bn at 8 x 2 divided by bn's gap, with a bootstrap "
-        "interval over the seeds (only where bn breaks at 8 x 2).", "",
+        "interval over the seeds (only where bn breaks at 8 x 2, having ended every seed). The "
+        "doctor's best fix is the one with the best state, then the largest gain.", "",
         page.md_table(["fix", "end acc (%)", "gap to 8 x 16", "gain over bn 8 x 2",
                        "share of bn's loss", "state"], frows), "",
         *doctor_lines(cells), *longer_lines(cells), *published_lines(cells),
