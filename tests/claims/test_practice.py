@@ -163,13 +163,22 @@ def test_the_best_fix_is_the_best_state_first_and_version_3s_reading_is_on_the_p
     assert old["best"]["fix"] == "syncbn4" and old["best"]["state"] == "no better"
     assert row["best"]["state"] == "partly" and row["best"]["fix"] == "gn"
     assert "no fix beats BN" not in practice.finding(d)[0].text
-    assert practice.before_v4(d) == ("best fix SyncBN in groups of 4 ranks (no better); best "
-                                     "without per-step communication GroupNorm (partly)")
+    assert practice.before_v4(d) == "best fix SyncBN in groups of 4 ranks (no better)"
     md = practice.render(d)
     assert ("Version 4 (commit" in md and "Without it the rules give: best fix SyncBN in groups "
             "of 4 ranks (no better)" in md)
     same = practice.Practice(RunsData(spec, made_up(), "cifar10-5085", tmp_path, tmp_path))
     assert practice.before_v4(same) == "the same states, shares and best fixes"
+    free = swap(made_up(), cell("gnws", 2, [90.0, 65.0, 82.0]))  # the largest gain, no better
+    df = practice.Practice(RunsData(spec, free, "cifar10-5085", tmp_path, tmp_path))
+    assert practice.advice_row(df)["best_free"]["fix"] == "gn"  # partly
+    assert practice.advice_row(df, v3=True)["best_free"]["fix"] == "gnws"
+    assert practice.before_v4(df) == ("best without per-step communication GroupNorm + WS "
+                                      "(no better)")
+    gone = swap(made_up(), cell("bn", 2, [70.0, 71.3, 69.2], diverged=(2,)))
+    dg = practice.Practice(RunsData(spec, gone, "cifar10-5085", tmp_path, tmp_path))
+    assert "a share of" in practice.before_v4(dg) and "where version 4 measures none" \
+        in practice.before_v4(dg)  # version 3 read a share where bn diverged
 
 
 def test_the_page_and_figure_build_from_runs_and_before_any(spec, tmp_path):

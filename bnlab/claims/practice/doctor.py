@@ -111,17 +111,21 @@ def advice(data: Practice, out: Path) -> None:
 
 
 def before_v4(data: Practice) -> str:
-    """What rules version 3 give where version 4 reads otherwise (rules.yaml `gave`): the best
+    """What rules version 3 give where version 4 reads otherwise (rules.yaml `gave`): a best
     fix by gain alone, a fix unclear only where its gap has too few pairs, a share where bn
     diverged; said while the cells are to come, and where both read the same."""
     new, old = advice_row(data), advice_row(data, v3=True)
     if new is None or old is None:
         return "nothing yet: the cells at 8 x 2 are still to come"
-    if new == old:
-        return "the same states, shares and best fixes"
     said = lambda e: f"{e['name']} ({e['state']})"  # noqa: E731
-    moved = [f"{said(e)} where version 4 says {new['fixes'][f]['state']}"
-             for f, e in old["fixes"].items() if e["state"] != new["fixes"][f]["state"]]
-    return "; ".join([f"best fix {said(old['best'])}", *(
-        [f"best without per-step communication {said(old['best_free'])}"]
-        if old.get("best_free") else []), *moved])
+    out = [f"{what} {said(old[k])}" for k, what in (
+        ("best", "best fix"), ("best_free", "best without per-step communication"))
+        if old.get(k) and (new.get(k) is None or new[k]["fix"] != old[k]["fix"])]
+    for f, e in old["fixes"].items():
+        now = new["fixes"][f]
+        if e["state"] != now["state"]:
+            out.append(f"{e['name']} {e['state']} where version 4 says {now['state']}")
+        if "share" in e and "share" not in now:
+            out.append(f"{e['name']} a share of {100 * e['share']:.0f}% of BN's loss where "
+                       "version 4 measures none")
+    return "; ".join(out) or "the same states, shares and best fixes"
