@@ -162,14 +162,13 @@ def published_lines(cells: list[CellResult]) -> list[str]:
                  f"{PUBLISHED['error']['gn'][1] - PUBLISHED['error']['bn'][1]:.1f}"]]), ""]
 
 
-def rules_lines(data: Practice | None = None) -> list[str]:
+def rules_lines(data: Practice) -> list[str]:
     """The rules in words (rules.yaml), then their history (what version 3 gives on `data`)."""
     words = [f"**{k}**: {' '.join(RULES.raw[k].split())}" for k in (
         "cells", "measure", "bn_breaks", "flat", "fixes", "diverged", "longer", "published",
         "doctor", "doctor_change", "advice")]
-    gave = {"before_v4": before_v4(data) if data is not None and data.runs is not None
-            else "nothing yet: no runs"}
-    return ["## The rules", "", *[w + "\n" for w in words], *rules.history(RULES, gave)]
+    return ["## The rules", "", *[w + "\n" for w in words],
+            *rules.history(RULES, {"before_v4": before_v4(data)})]
 
 
 # ----------------------------------------------------------------------------------------
