@@ -36,6 +36,7 @@ from bnlab.advice import (
     groups,
     measured,
     published,
+    synced,
     thresholds_judged,
     without_communication,
 )
@@ -199,17 +200,18 @@ def recommend(layers: list[Layer], world: int, batch: int, min_values: int,
     tips = []
     if both:
         k = both[0]
-        tips.append(f"syncbn with --sync-group {k} ({k} ranks share statistics: every layer "
-                    f"then sees {batch * k} samples, and the lowest, {low.name}, "
-                    f"{low.per_rank * k} values per channel)")
+        tips.append(f"syncbn with --sync-group {k} (every layer then sees {batch * k} "
+                    f"samples; {low.name}, the lowest, {low.per_rank * k} values per channel)"
+                    + synced(batch * k, low.per_rank))
     elif samples:
         k = samples[0]
         tips.append(f"syncbn with --sync-group {k} gives {batch * k} samples per group, but "
-                    f"{low.name} still gets {low.per_rank * k} values per channel (threshold "
-                    f"{min_values}): no sync group reaches both")
+                    f"{low.name} gets {low.per_rank * k} values per channel (threshold "
+                    f"{min_values}): no sync group reaches both" + synced(batch * k, low.per_rank))
     elif world > 1:
         tips.append(f"syncbn over all {world} ranks gives {batch * world} samples (threshold "
-                    f"{min_images}): no sync group reaches it")
+                    f"{min_images}): no sync group reaches it" + synced(batch * world,
+                                                                        low.per_rank))
     tips.append(without_communication(values=low.per_rank))  # cites the nearest input
     channels = [layer.channels for layer in bns]
     g = max((g for g in range(1, 33) if all(c % g == 0 for c in channels)), default=1)

@@ -246,7 +246,7 @@ def test_the_fix_line_names_the_smallest_group_of_8_samples_and_cites_table_reco
                     "--world", "4", "--batch-per-rank", "2")
     assert code == 1
     assert r["recommendations"][0] == (
-        "syncbn with --sync-group 4 gives 8 samples per group, but layer4.0.bn1 still gets 8 "
+        "syncbn with --sync-group 4 gives 8 samples per group, but layer4.0.bn1 gets 8 "
         "values per channel (threshold 16): no sync group reaches both")
     assert "not been measured yet (make table-recover" in r["recommendations"][1]
     (tmp_path / "advice.json").write_text(json.dumps({
@@ -390,8 +390,8 @@ def test_where_no_sync_group_reaches_8_samples_the_line_says_so(capsys):
     """2 ranks x 2: no group of ranks reaches 8 samples; the line names that threshold, not
     the values one (which resnet20's smallest layer clears)."""
     _, r = _json(capsys, "--model", "bnlab:resnet20", "--world", "2", "--batch-per-rank", "2")
-    assert r["recommendations"][0] == ("syncbn over all 2 ranks gives 4 samples (threshold 8): "
-                                       "no sync group reaches it")
+    assert r["recommendations"][0].split("; measured: ")[0] == (  # then syncbn at 4 samples
+        "syncbn over all 2 ranks gives 4 samples (threshold 8): no sync group reaches it")
     _, r = _json(capsys, "--model", "bnlab:resnet20", "--world", "1", "--batch-per-rank", "2")
     assert r["recommendations"][0].startswith("without per-step communication")  # no sync line
 
@@ -527,3 +527,62 @@ def test_as_near_is_measured_from_the_nearest_input_not_the_one_cited_first():
     assert nearest([r, p, q], 128) == (p, [r], [q])
     assert nearest([r, q], 128) == (r, [], [q])
     assert nearest([q, r], None) == (q, [], [r])  # unknown values: the first entry
+
+
+def test_the_sync_group_line_cites_syncbn_measured_at_as_many_samples_per_group(
+        capsys, tmp_path, monkeypatch):
+    """The sync-group line gives what the tables measured for SyncBN with the same number of
+    samples per statistics group as the group it advises (numbers made up): at 8 x 2 in groups
+    of 4, table-practice's syncbn4 first and table-recover's SyncBN over all 4 ranks x 2 (8
+    samples too) beside it; at 2 ranks x 2 (4 samples), table-recover's groups of 2; where no
+    table measured that many samples per group, nothing is cited."""
+    from bnlab import advice
+
+    for name in ("ADVICE", "PRACTICE", "LONGER"):
+        monkeypatch.setattr(advice, name, tmp_path / f"{name.lower()}.json")
+
+    def fix(key: str, name: str, state: str, share: float) -> dict:
+        return {"fix": key, "name": name, "state": state, "gain": 10 * share,
+                "share": share, "lo": share - 0.1, "hi": share + 0.1}
+
+    (tmp_path / "advice.json").write_text(json.dumps({"inputs": [
+        {"input": "resnet20", "values": 128, "where": "4 ranks x 2 on resnet20 (CIFAR-10)",
+         "fixes": {"syncbn": fix("syncbn", "SyncBN over all 4 ranks", "unclear", 0.84),
+                   "syncbn2": fix("syncbn2", "SyncBN in groups of 2 ranks", "partly", 0.64)}}]}))
+    (tmp_path / "practice.json").write_text(json.dumps({
+        "table": "table-practice", "input": "resnet20", "values": 128, "global_batch": 16,
+        "epochs": 120, "where": "8 ranks x 2 on resnet20 (CIFAR-10)",
+        "fixes": {"syncbn4": fix("syncbn4", "SyncBN in groups of 4 ranks", "recovers", 0.9)}}))
+    _, r = _json(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
+                 "--world", "8", "--batch-per-rank", "2")
+    head, *evidence = r["recommendations"][0].split("\n")
+    assert head == ("syncbn with --sync-group 4 (every layer then sees 8 samples; layer4.0.bn2, "
+                    "the lowest, 392 values per channel); measured: gets back 90% of BN's "
+                    "loss, recovers, on resnet20, 8 x 2 (128 values)")
+    assert len(head.split()) <= 40
+    assert evidence == [
+        "    table-practice at 8 ranks x 2 on resnet20 (CIFAR-10, global batch 16, 120 epochs; "
+        "128 values per channel per rank at its smallest BN layer, the measured input nearest "
+        "to this model's 98): SyncBN in groups of 4 ranks (syncbn4) gets back 90% of BN's loss "
+        "(95% CI 80 to 100): recovers",
+        "    table-recover at 4 ranks x 2 on resnet20 (CIFAR-10; 128 values per channel per rank "
+        "at its smallest BN layer, as near to this model's 98 as the other): SyncBN over all 4 "
+        "ranks (syncbn) gets back 84% of BN's loss (95% CI 74 to 94): unclear"]
+    _, r = _json(capsys, "--model", "bnlab:resnet20", "--world", "2", "--batch-per-rank", "2")
+    assert r["recommendations"][0].startswith(
+        "syncbn over all 2 ranks gives 4 samples (threshold 8): no sync group reaches it; "
+        "measured: gets back 64% of BN's loss, partly, on resnet20, 4 x 2 (128 values)\n    "
+        "table-recover at 4 ranks x 2 on resnet20 (CIFAR-10; 128 values")
+    _, r = _json(capsys, "--model", "bnlab:resnet20", "--world", "8", "--batch-per-rank", "4")
+    assert r["recommendations"][0] == (  # 2 ranks of 4: 8 samples, the syncbn cells' count
+        "syncbn with --sync-group 2 (every layer then sees 8 samples; layers.6.bn1, the lowest, "
+        "512 values per channel); measured: gets back 90% of BN's loss, recovers, on resnet20, "
+        "8 x 2 (128 values)\n    table-practice at 8 ranks x 2 on resnet20 (CIFAR-10, global "
+        "batch 16, 120 epochs; 128 values per channel per rank at its smallest BN layer, the "
+        "measured input nearest to this model's 256): SyncBN in groups of 4 ranks (syncbn4) "
+        "gets back 90% of BN's loss (95% CI 80 to 100): recovers\n    table-recover at 4 ranks "
+        "x 2 on resnet20 (CIFAR-10; 128 values per channel per rank at its smallest BN layer, "
+        "as near to this model's 256 as the other): SyncBN over all 4 ranks (syncbn) gets back "
+        "84% of BN's loss (95% CI 74 to 94): unclear")
+    _, r = _json(capsys, "--model", "bnlab:resnet20", "--world", "4", "--batch-per-rank", "3")
+    assert r["recommendations"][0].endswith("values per channel)")  # 9 samples: none measured
