@@ -160,8 +160,8 @@ TERMS = (
     (" stead", "Steady: jitter at most 1.5x what the test set's size alone gives."),
     (" values", "Values: how many numbers a BN layer averages per channel on one rank."),
     ("bn's loss", "Share of BN's loss against 1 x 8: what a fix wins back, in states: recovers "
-                  f"(to within {rules.read('recover')['recovers_gap']:g} points), partly, no "
-                  "better, unclear (the seeds cannot tell)."),
+                  f"(within {rules.read('recover')['recovers_gap']:g} points), partly, no "
+                  "better, unclear (seeds cannot tell)."),
     ("pilot", "Pilot: held-out runs choosing a setting."),
     ("default", f"Default rate: {default_rate():g} at 4 x 2."),
     ("+ws", "WS: Weight Standardization."),

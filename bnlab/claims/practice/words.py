@@ -27,7 +27,7 @@ SHORT = {**recover.SHORT, "syncbn4": "SyncBN in 4-rank groups", "precise": "Prec
 def finding(data: Practice) -> list[Finding]:
     """Finding 2 from this table: at 8 x 2, whether BN breaks (its gap to 8 x 16 with its
     interval) and the best fix and the best without per-step communication with their states;
-    under it, the earlier protocol's tables. None until the advice row exists. BN's and
+    under it, where the question was asked before. None until the advice row exists. BN's and
     GroupNorm's states across per-rank batches are the figure's title, shown beside it."""
     row = advice_row(data)
     if row is None:
@@ -68,8 +68,8 @@ def across(data: Practice) -> str:
 
 
 def earlier() -> str:
-    """Where the earlier protocol's tables are (global batch 8, and Wu and He's layout at 4
-    ranks), in a line set under the finding; table-recover's link follows it, as the link of
-    every line does."""
-    return ("The earlier protocol's tables: [table-converge](experiments/converge/table.md), "
-            "[table-batch](experiments/batch/table.md).")
+    """Where the same question was asked before, each with what makes it differ (global batch
+    8 at 10 and 40 epochs; Wu and He's layout at 4 ranks), in a line set under
+    the finding; table-recover's link follows it, as the link of every line does."""
+    return ("Global batch 8 for 10 and 40 epochs: [table-converge](experiments/converge/"
+            "table.md); Wu and He's layout at 4 ranks: [table-batch](experiments/batch/table.md).")
