@@ -245,7 +245,8 @@ def test_its_finding_tells_finding_2_once_the_8x2_cells_have_their_seeds(spec, t
     assert top.after == ""  # finding 4 says its own protocol: no sentence below the list
     assert [u.table for u in under] == ["recover"] and under[0].text == (
         "Global batch 8 for 10 and 40 epochs: [table-converge](experiments/converge/"
-        "table.md); Wu and He's layout at 4 ranks: [table-batch](experiments/batch/table.md).")  # table-recover's link follows
+        "table.md); Wu and He's layout at 4 ranks: [table-batch](experiments/batch/"
+        "table.md).")  # table-recover's link follows it
     assert all(u.extends == "practice" for u in under)
     shown = [re.sub(r"\]\([^)]*\)", "]", f.line()) for f in (top, *under)]  # as the README
     assert len(top.text.split()) <= 40  # one sentence, as tests/test_layout.py counts it
