@@ -267,9 +267,13 @@ def report(args: argparse.Namespace) -> int:
         if getattr(args, key) < 1:
             raise BnlabError(f"--{key.replace('_', '-')} must be a positive integer, got "
                              f"{getattr(args, key)}.")
-    if args.sync_group and (args.norm != "syncbn" or args.world % args.sync_group):
-        raise BnlabError(f"--sync-group {args.sync_group} needs --norm syncbn and must divide "
-                         f"--world {args.world}.")
+    if args.sync_group and args.norm != "syncbn":
+        raise BnlabError(f"--sync-group {args.sync_group} applies to --norm syncbn only; add "
+                         "--norm syncbn, or leave --sync-group out.")
+    if args.sync_group and args.world % args.sync_group:
+        raise BnlabError(f"--sync-group {args.sync_group} does not divide --world {args.world}; "
+                         f"give a divisor of {args.world} "
+                         f"({', '.join(map(str, _divisors(args.world)))}).")
     if args.norm:
         from bnlab.norms import convert
         convert(model, args.norm, skip=args.skip,

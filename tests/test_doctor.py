@@ -158,7 +158,10 @@ def test_a_bnlab_checkpoint(capsys, tmp_path):
     (["--model", "mymodels:fused", "--input", "3x4x4", "--norm", "syncbn"],
      "layer '1' is a BatchNormAct2d, a BatchNorm subclass with its own forward"),
     (["--model", "mymodels:build", "--world", "4", "--sync-group", "3", "--norm", "syncbn"],
-     "--sync-group 3 needs --norm syncbn and must divide --world 4"),
+     "--sync-group 3 does not divide --world 4; give a divisor of 4 (1, 2, 4)."),
+    (["--model", "mymodels:build", "--world", "4", "--sync-group", "2"],
+     "--sync-group 2 applies to --norm syncbn only; add --norm syncbn, or leave --sync-group "
+     "out."),
     (["--model", str(ROOT / "README.md") + ".pt"], "does not exist"),
 ])
 def test_bad_input_is_one_sentence_and_exit_2(capsys, factory_dir, args, message):
