@@ -16,7 +16,9 @@ from bnlab.paths import ROOT
 # figure -> (its table's module, where it calls save, what its title must say)
 SHOWN = {"lr.png": (lr, lr, r"^BN jitters [\d.]+x as much as SyncBN where SyncBN is steady"),
          "values.png": (values, values_figure, r"^BN breaks at "),
-         "recover.png": (recover, recover, r"^What to use instead of BN at 4 ranks x 2"),
+         "recover.png": (recover, recover, r"^What to use instead of BN at 4 ranks x 2"
+                         r"(\nmost recovered on [^:\n]+: [^\n]+, "
+                         r"(recovers|partly|unclear|no better))+$"),  # each with its state
          "practice.png": (practice, practice,
                           r"^(BN breaks at [\d, and]+ images per rank|BN holds at every "
                           r"per-rank batch); GroupNorm is \w+|runs to come\)$")}

@@ -144,9 +144,12 @@ def plot(data: Recover, path: Path) -> None:
            ylabel="input: fix, best first",
            title="0% = BN at 4 x 2, 100% = the 1 x 8 reference" if ms else "")
     ax.grid(alpha=0.3, axis="x")
-    best = {inp: p["best"]["name"] for inp in inputs if (p := picks(data, inp)) is not None}
+    # the title names each input's best fix with its state: only what the table's states
+    # support (an unclear best is said to be unclear)
+    best = {inp: p["best"] for inp in inputs if (p := picks(data, inp)) is not None}
     save(fig, path, "What to use instead of BN at 4 ranks x 2" + (
-        "\nbest: " + "; ".join(f"{b} on {i}" for i, b in best.items())
+        "".join(f"\nmost recovered on {i}: {b['name']}, {b['state']}"
+                for i, b in best.items())
         if best else ""))
 
 
