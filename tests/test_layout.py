@@ -239,3 +239,15 @@ def test_the_commands_help_imports_neither_torch_nor_the_lab():
                        timeout=120)
     assert p.returncode == 0 and p.stdout.strip().endswith("[]"), p.stdout + p.stderr
     assert "--batch-per-rank" in p.stdout and "(default 16)" in p.stdout
+
+
+def test_each_readme_finding_and_each_line_under_it_is_at_most_45_words():
+    """The words issue's budget on the README's findings: each numbered finding, and each line
+    set under one, at most 45 words as read (each link's target dropped, its text kept)."""
+    text = (PACKAGE.parent / "README.md").read_text()
+    block = text.split("<!-- headline:begin -->")[1].split("<!-- headline:end -->")[0]
+    lines = [re.sub(r"\]\([^)]*\)", "]", ln).strip() for ln in block.splitlines()
+             if re.match(r"(\d+\.|\s+-) ", ln)]
+    assert len([ln for ln in lines if ln[0].isdigit()]) == 5  # the five findings
+    long = [ln for ln in lines if len(ln.split(" ", 1)[1].split()) > 45]
+    assert not long, long

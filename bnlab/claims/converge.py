@@ -318,8 +318,8 @@ def share_words(e: dict, first: bool) -> str:
     has no share."""
     name = short(e["fix"])
     if e.get("identical"):  # its runs are the reference's: no interval to give
-        return f"{name} gets back all of BN's loss (its runs equal 1 x 8's)" if first else \
-            f"{name} all (its runs equal 1 x 8's)"
+        return f"{name} gets back all of BN's loss, {e['state']} (its runs equal 1 x 8's)" \
+            if first else f"{name} all, {e['state']} (its runs equal 1 x 8's)"
     if e.get("share") is None or e.get("lo") is None:
         return f"{name} {e['state']}"
     ci = f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f}"
@@ -337,15 +337,14 @@ def at_forty(got: dict) -> str:
     if not better:
         return "no fix beats BN"
     return ", ".join(better) + ("" if not worse else
-                                f"; {page.listed(worse)} do{'es' * (len(worse) == 1)} no better "
-                                "than BN")
+                                f"; {page.listed(worse)} no better than BN")
 
 
 def finding(data: Converge) -> list[Finding]:
     """The README's finding 2 on length, set under it (`extends`): at 40 epochs, each fix that
     does better than bn with its share, those no better, then whether the states are as at 10
     epochs; a line saying its runs are to come until they have ended."""
-    head = f"Trained 4x longer on {INPUT} ({EPOCHS} epochs, cosine)"
+    head = f"At {EPOCHS} epochs (4x longer) on {INPUT}"
     got = measured(data)
     if got is None:
         return [Finding(f"{head}: runs still to come.", "converge", rules.mark(RULES),
@@ -376,9 +375,8 @@ def held(data: Converge, got: dict) -> str:
     why = page.listed([f"{short(f)} at " + page.listed(
         [n for n, s in zip(("10", str(EPOCHS)), states[f], strict=True) if s == "unclear"])
         + " epochs" for f in unclear])
-    rest = (f"at 10 epochs {was}" if changed else "the others' verdicts are unchanged")
-    return (f"As the seeds could not judge {why} (unclear), the rule leaves the ranking "
-            f"undecided; {rest}.")
+    rest = (f"at 10 epochs {was}" if changed else "other states unchanged")
+    return f"Ranking undecided: {why} unclear; {rest}."
 
 
 def verdicts(data: Converge) -> list[Verdict]:

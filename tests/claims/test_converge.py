@@ -85,22 +85,22 @@ def test_its_finding_sits_under_table_recovers_and_names_what_changed(runs, tmp_
     ten, forty = runs["ten"], runs["forty"]
     (f,) = converge.finding(converge.Converge(forty, ten))
     assert f.extends == "recover" and f.table == "converge"
-    assert f.text.startswith("Trained 4x longer on resnet20 (40 epochs, cosine), SyncBN gets "
+    assert f.text.startswith("At 40 epochs (4x longer) on resnet20, SyncBN gets "
                              "back 98% of BN's loss, recovers (95% CI")  # every share its state
     assert "GroupNorm 50%, partly (" in f.text
-    assert f.text.endswith("; EvoNorm-S0 does no better than BN. At 10 epochs, GroupNorm did no "
+    assert f.text.endswith("; EvoNorm-S0 no better than BN. At 10 epochs, GroupNorm did no "
                            "better.")
     same = converge.Converge(runs["same"], ten)
     assert converge.finding(same)[0].text.endswith(". Each fix's state is as at 10 epochs.")
     unsure = data(tmp_path / "unsure", {**TEN, "syncbn": [63.0, 55.0, 64.0, 54.0, 61.0]})
     text = converge.finding(converge.Converge(forty, unsure))[0].text
-    assert text.endswith(". As the seeds could not judge SyncBN at 10 epochs (unclear), the rule "
-                         "leaves the ranking undecided; at 10 epochs GroupNorm did no better.")
+    assert text.endswith(". Ranking undecided: SyncBN at 10 epochs unclear; at 10 epochs "
+                         "GroupNorm did no better.")
     assert converge.finding(converge.Converge(forty, None))[0].text.endswith(
-        "does no better than BN. Its 10-epoch states are still to come.")  # table-recover's to come
+        "no better than BN. Its 10-epoch states are still to come.")  # table-recover's to come
     short = converge.Converge(runs["short"], ten)
     assert converge.finding(short)[0].text == \
-        "Trained 4x longer on resnet20 (40 epochs, cosine): runs still to come."
+        "At 40 epochs (4x longer) on resnet20: runs still to come."
     assert converge.measured(short) is None
 
 
@@ -108,11 +108,11 @@ def test_where_no_fix_beats_bn_or_bn_no_longer_breaks_the_finding_says_so(runs, 
     none = data(tmp_path / "none", {**TEN, "syncbn": 45.0, "gn": 45.0, "gnws": 45.0,
                                     "evonorm": 45.0}, seeds=3, epochs=40)
     text = converge.finding(converge.Converge(none, runs["ten"]))[0].text
-    assert text.startswith("Trained 4x longer on resnet20 (40 epochs, cosine), no fix beats BN. "
+    assert text.startswith("At 40 epochs (4x longer) on resnet20, no fix beats BN. "
                            "At 10 epochs, SyncBN recovered and GroupNorm+WS partly recovered.")
     whole = data(tmp_path / "whole", {**TEN, "bn": 59.9}, seeds=3, epochs=40)
     text = converge.finding(converge.Converge(whole, runs["ten"]))[0].text
-    assert text.startswith("Trained 4x longer on resnet20 (40 epochs, cosine), BN at 4 x 2 no "
+    assert text.startswith("At 40 epochs (4x longer) on resnet20, BN at 4 x 2 no "
                            "longer breaks, so no share of its loss is read: SyncBN recovers, ")
     assert page.listed(["a"]) == "a" and page.listed(["a", "b", "c"]) == "a, b and c"
 
@@ -147,5 +147,5 @@ def test_a_fix_whose_runs_equal_the_references_is_said_to_be_an_identity(runs):
     got = converge.measured(converge.Converge(forty, runs["ten"]))
     assert got["fixes"]["syncbn"]["identical"] and "identical" not in got["fixes"]["gn"]
     assert converge.share_words(got["fixes"]["syncbn"], True) == \
-        "SyncBN gets back all of BN's loss (its runs equal 1 x 8's)"
+        "SyncBN gets back all of BN's loss, recovers (its runs equal 1 x 8's)"  # its state
     assert converge.same_runs(converge.Converge(runs["forty"], runs["ten"])) == []
