@@ -156,10 +156,10 @@ TERMS = (
     ("input", "Input: a model at an image size."),
     ("plateau", "Plateau: training's second half."),
     ("jitter", "Jitter: val accuracy's moves between evaluations, trend removed (von Neumann "
-               "sd, points)."),
-    (" stead", "Steady: jitter at most 1.5x what the test set's size alone gives."),
+               "sd)."),
+    (" stead", "Steady: jitter at most 1.5x the churn floor, what test-set flips alone give."),
     (" values", "Values: how many numbers a BN layer averages per channel on one rank."),
-    ("bn's loss", "Share of BN's loss against 1 x 8: what a fix wins back, in states: recovers "
+    ("bn's loss", "Share of BN's loss against 1 x 8: what a fix wins back; states: recovers "
                   f"(within {rules.read('recover')['recovers_gap']:g} points), partly, no "
                   "better, unclear (seeds cannot tell)."),
     ("pilot", "Pilot: held-out runs choosing a setting."),

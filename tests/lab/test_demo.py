@@ -173,7 +173,7 @@ def test_the_terms_line_says_which_reference_a_share_is_against_once_8x16_is_one
     assert "Steady:" not in readme.terms((Finding("Use it instead of BN.", "x"),))  # no "stead"
     narrow = readme.terms((Finding("At 4 x 2, SyncBN regains 84% of BN's loss.", "x"),))
     assert narrow == ("Terms: 4 x 2: 4 ranks (GPUs) of 2 images each (`batch_per_gpu=2`). Share "
-                      "of BN's loss against 1 x 8: what a fix wins back, in states: recovers "
+                      "of BN's loss against 1 x 8: what a fix wins back; states: recovers "
                       "(within 2 points), partly, no better, unclear (seeds cannot tell).")
     wide = readme.terms((Finding("At 8 x 2, BN loses 9 points to 8 x 16; SyncBN regains 90% "
                                  "of BN's loss.", "practice"),))
