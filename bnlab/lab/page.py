@@ -259,3 +259,26 @@ def run_json(named: str, root: Path, tag: str) -> Path | None:
         if (d / "run.json").is_file():
             return d / "run.json"
     return None
+
+
+# the jitter columns' meanings, for a page whose tables show a column without saying what it is
+# (each as table-plateau's page words it; bnlab/jitter.py computes them)
+COLUMNS = (
+    ("von Neumann sd", "Von Neumann sd: sqrt(mean squared successive difference / 2) of val acc "
+                       "on the plateau (training's second half), the noise of one evaluation "
+                       "with the trend removed: the jitter the rules read."),
+    ("churn floor", "Churn floor: the von Neumann sd that the observed prediction flips alone "
+                    "would give on this test set if every flip were a fair coin between right "
+                    "and wrong; jitter / floor well above 1 means the model's quality itself "
+                    "moves between evaluations."),
+    ("swing", "Swing: half the range of val acc on the plateau, the claims' '+/- points'."),
+)
+
+
+def column_terms(text: str) -> str:
+    """'Columns: ...': the meaning of each jitter column a table header in `text` shows and
+    `text` does not define (its 'Name:' absent); "" where none is missing."""
+    heads = " ".join(ln.lower() for ln in text.splitlines() if ln.startswith("| ") and
+                     "---" not in ln)
+    told = [d for col, d in COLUMNS if f"| {col.lower()}" in heads and d.split(":")[0] + ":" not in text]
+    return ("Columns: " + " ".join(told)) if told else ""

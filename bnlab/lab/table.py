@@ -19,7 +19,7 @@ from typing import Any
 
 from bnlab.errors import BnlabError
 from bnlab.lab import identity
-from bnlab.lab.page import provenance
+from bnlab.lab.page import column_terms, provenance
 from bnlab.lab.plan import Spec
 from bnlab.lab.results import CellResult, collect
 from bnlab.lab.spec import load_spec
@@ -282,6 +282,8 @@ def build(table: Table, ctx: Context) -> Any:
     ctx.out.mkdir(parents=True, exist_ok=True)
     written = [ctx.out / "table.md"]
     page, claims = table.render(data), verdict_section(table.verdicts(data))
+    if said := column_terms(page):  # a column the page shows and does not define
+        page = page.rstrip("\n") + f"\n\n{said}\n"
     written[0].write_text(page.rstrip("\n") + "\n" + claims if claims else page)
     if table.plot is not None:
         written.append(ctx.out / f"{table.name}.png")

@@ -80,3 +80,20 @@ def test_a_table_names_each_cells_devices_and_the_cells_that_mix_them(tmp_path):
     from bnlab.rundir import git_commit
     commits = mixed.split("- Commit(s), at each start and resume: ")[1].split("\n")[0]
     assert f"`{git_commit()}`" in commits
+
+
+def test_every_page_that_shows_a_jitter_column_says_what_it_is():
+    """The words issue: a reader meets no undefined column. Each committed page whose table
+    shows a von Neumann sd, churn floor or swing column defines it on the page."""
+    from bnlab.lab.page import COLUMNS, column_terms
+    from bnlab.paths import EXPERIMENTS
+
+    pages = sorted(EXPERIMENTS.glob("*/table.md"))
+    assert len(pages) > 10
+    for path in pages:
+        assert column_terms(path.read_text()) == "", path  # nothing it shows is left undefined
+    shown = "| cell | von Neumann sd (pts) | churn floor (pts) |\n|---|---|---|\n| bn | 1 | 1 |\n"
+    said = column_terms(shown)
+    assert said.startswith("Columns: Von Neumann sd: ") and "Churn floor: " in said
+    assert "Swing:" not in said and column_terms(shown + "\n" + said) == ""
+    assert {c for c, _ in COLUMNS} == {"von Neumann sd", "churn floor", "swing"}
