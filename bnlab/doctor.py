@@ -249,7 +249,7 @@ def accumulation(batch: int, k: int) -> str:
     """The line on gradient accumulation: BN normalizes each micro-batch, not the step's."""
     return (f"gradient accumulation ({k} micro-batches a step) does not enlarge BN's batch: "
             f"each forward normalizes its own micro-batch of {batch}, not the {batch * k} "
-            "images per rank the optimizer steps on; the fixes below count the micro-batch")
+            "images per rank the optimizer steps on; the doctor's fixes count the micro-batch")
 
 
 def _divisors(n: int) -> list[int]:
