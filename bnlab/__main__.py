@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_doctor(sub)
     commands.add_diagnose(sub)
     commands.add_runs(sub)
+    parser.set_defaults(prog=prog)  # messages name the command as the user ran it
     args = parser.parse_args(argv)
     return run_cli(lambda: args.run(args))
 

@@ -45,7 +45,7 @@ from bnlab.precise_bn import ESTIMATORS, precise_bn, set_running_stats
 
 EPS = 1e-5
 # THRESHOLD (bnlab/defaults.py): points of the metric above which the statistics are a problem
-DOCTOR_LISTS = "bnlab doctor lists them"  # where the options are, for the advice line
+DOCTOR = "bnlab doctor"  # the command the advice names, as a shell runs it
 
 
 @dataclass
@@ -77,6 +77,7 @@ class Diagnosis:
     by_rank: list[float] = field(default_factory=list)  # per_rank: with each rank's statistics
     rank_average: float | None = None  # per_rank: with the ranks' statistics averaged
     values: int | None = None  # fewest values per channel per rank at batch_per_rank (the advice's)
+    doctor: str = DOCTOR  # the doctor's command as the user calls bnlab ('python -m bnlab doctor')
 
     @property
     def cost(self) -> float:
@@ -104,8 +105,8 @@ class Diagnosis:
             lines.append(f"Structural risk: {len(self.at_risk)} of {len(self.layers)} BN layers "
                          f"are at risk at {self.batch_per_rank} samples per rank (the doctor's "
                          "rule): share statistics across ranks, bnlab.convert(model, 'syncbn', "
-                         "sync_group=k), k ranks reaching 8 samples (bnlab doctor names k).")
-            free = without_communication(DOCTOR_LISTS, self.values)
+                         f"sync_group=k), k ranks reaching 8 samples ({self.doctor} names k).")
+            free = without_communication(f"{self.doctor} lists them", self.values)
             lines.append(f"Or, {free}")
         elif self.batch_per_rank is not None:
             lines.append(f"No layer is at risk at {self.batch_per_rank} samples per rank.")
@@ -147,6 +148,7 @@ class Diagnosis:
 
     def to_json(self) -> dict:
         out = asdict(self)
+        del out["doctor"]  # how the text names a command, not a measurement
         out.update(cost=self.cost, verdict=self.verdict())
         return out
 

@@ -229,5 +229,6 @@ def diagnose_command(args: argparse.Namespace) -> int:
     report = diagnose_model(model, batches, evaluate=evaluate, num_samples=args.num_samples,
                             batch_per_rank=args.batch_per_rank or batch, threshold=args.threshold,
                             rank_stats=ranks, per_rank=args.per_rank)
+    report.doctor = f"{getattr(args, 'prog', 'bnlab')} doctor"  # as the user called bnlab
     emit(args.json, report.table(), report.to_json())
     return 1 if report.cost > args.threshold else 0

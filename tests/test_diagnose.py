@@ -179,6 +179,8 @@ def test_the_command_prints_the_table_writes_json_and_exits_by_the_threshold(
     assert code == 0, err
     report = json.loads((tmp_path / "out.json").read_text())
     assert "| with the running statistics |" in out and report["verdict"] in out
+    assert "(python -m bnlab doctor names k)" in out  # the command as this caller runs bnlab
+    assert "doctor" not in report  # the JSON holds measurements only
     assert report["cost"] == pytest.approx(report["precise"]["train"] - report["running"])
     below = f"{report['cost'] - 1:g}"  # a threshold under the measured cost: exit 1, the fix
     code, out, _ = cli("--checkpoint", "ckpt.pt", "--num-samples", "32", "--threshold", below)
@@ -202,6 +204,7 @@ def test_the_verdicts_first_line_follows_the_measured_cost_as_the_exit_status_do
     assert third.startswith("Or, without per-step communication")  # then its evidence, indented
     assert all(line.startswith("    ") for line in evidence)
     assert max(len(line.split()) for line in (first, second, third)) <= 40
+    assert second.endswith("(bnlab doctor names k).")  # the installed command by default
     high = Diagnosis(70.0, {"train": 72.5}, None, 2, 64, at_risk)
     assert high.verdict().startswith("BN's statistics are a problem here: the running "
                                      "statistics cost 2.50 points")

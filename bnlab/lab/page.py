@@ -280,5 +280,6 @@ def column_terms(text: str) -> str:
     `text` does not define (its 'Name:' absent); "" where none is missing."""
     heads = " ".join(ln.lower() for ln in text.splitlines() if ln.startswith("| ") and
                      "---" not in ln)
-    told = [d for col, d in COLUMNS if f"| {col.lower()}" in heads and d.split(":")[0] + ":" not in text]
+    told = [d for col, d in COLUMNS
+            if f"| {col.lower()}" in heads and d.split(":")[0] + ":" not in text]
     return ("Columns: " + " ".join(told)) if told else ""
