@@ -67,6 +67,15 @@ def verdict(entry: dict) -> str:
     return f"gets back {100 * entry['share']:.0f}% of BN's loss, {entry['state']}"
 
 
+def brief(entry: dict) -> str:
+    """`verdict` in fewer words, for an input cited beside the first: '101%, recovers'."""
+    if entry.get("identical"):
+        return f"all, {entry['state']}"
+    if entry.get("share") is None:
+        return entry["state"]
+    return f"{100 * entry['share']:.0f}%, {entry['state']}"
+
+
 EVIDENCE = "\n    "  # a fix line's evidence: each on an indented line under it
 
 
@@ -243,8 +252,12 @@ def synced(samples: int, values: int | None = None) -> str:
              f"{said(fix[id(e)])}" for e in (here, *ties)]
     lines += [f"on {short(o)} it differs: {said(fix[id(o)])}" for o in rest
               if fix[id(o)]["state"] != fix[id(here)]["state"]]
-    return (f"; measured: {verdict(fix[id(here)])}, on "
-            f"{short(here)}" + "".join(EVIDENCE + line for line in lines)
+    # in the sentence: each other input as near (another table's row on the same input is
+    # evidence only), its share and state in a few words
+    others = list({_input(t)[1]: t for t in ties if _input(t)[1] != _input(here)[1]}.values())
+    return (f"; measured: {verdict(fix[id(here)])}, on {short(here)}"
+            + "".join(f"; as near, {short(t)}: {brief(fix[id(t)])}" for t in others)
+            + "".join(EVIDENCE + line for line in lines)
             + lengthwise("syncbn", [e for e in entries if _sync_key(e, samples) == "syncbn"]))
 
 

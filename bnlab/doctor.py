@@ -200,9 +200,8 @@ def recommend(layers: list[Layer], world: int, batch: int, min_values: int,
     tips = []
     if both:
         k = both[0]
-        tips.append(f"syncbn with --sync-group {k} (every layer then sees {batch * k} "
-                    f"samples; {low.name}, the lowest, {low.per_rank * k} values per channel)"
-                    + synced(batch * k, low.per_rank))
+        tips.append(f"syncbn with --sync-group {k} ({batch * k} samples a layer, at least "
+                    f"{low.per_rank * k} values per channel)" + synced(batch * k, low.per_rank))
     elif samples:
         k = samples[0]
         tips.append(f"syncbn with --sync-group {k} gives {batch * k} samples per group, but "

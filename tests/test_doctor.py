@@ -551,7 +551,10 @@ def test_the_sync_group_line_cites_syncbn_measured_at_as_many_samples_per_group(
     (tmp_path / "advice.json").write_text(json.dumps({"inputs": [
         {"input": "resnet20", "values": 128, "where": "4 ranks x 2 on resnet20 (CIFAR-10)",
          "fixes": {"syncbn": fix("syncbn", "SyncBN over all 4 ranks", "unclear", 0.84),
-                   "syncbn2": fix("syncbn2", "SyncBN in groups of 2 ranks", "partly", 0.64)}}]}))
+                   "syncbn2": fix("syncbn2", "SyncBN in groups of 2 ranks", "partly", 0.64)}},
+        {"input": "resnet18 32 px", "values": 2,
+         "where": "4 ranks x 2 on torchvision resnet18 at 32 px (CIFAR-10)",
+         "fixes": {"syncbn": fix("syncbn", "SyncBN over all 4 ranks", "recovers", 1.01)}}]}))
     (tmp_path / "practice.json").write_text(json.dumps({
         "table": "table-practice", "input": "resnet20", "values": 128, "global_batch": 16,
         "epochs": 120, "where": "8 ranks x 2 on resnet20 (CIFAR-10)",
@@ -559,9 +562,9 @@ def test_the_sync_group_line_cites_syncbn_measured_at_as_many_samples_per_group(
     _, r = _json(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
                  "--world", "8", "--batch-per-rank", "2")
     head, *evidence = r["recommendations"][0].split("\n")
-    assert head == ("syncbn with --sync-group 4 (every layer then sees 8 samples; layer4.0.bn2, "
-                    "the lowest, 392 values per channel); measured: gets back 90% of BN's "
-                    "loss, recovers, on resnet20, 8 x 2 (128 values)")
+    assert head == ("syncbn with --sync-group 4 (8 samples a layer, at least 392 values per "
+                    "channel); measured: gets back 90% of BN's loss, recovers, on resnet20, "
+                    "8 x 2 (128 values)")  # resnet20 at 4 x 2: the same input, evidence only
     assert len(head.split()) <= 40
     assert evidence == [
         "    table-practice at 8 ranks x 2 on resnet20 (CIFAR-10, global batch 16, 120 epochs; "
@@ -578,9 +581,9 @@ def test_the_sync_group_line_cites_syncbn_measured_at_as_many_samples_per_group(
         "table-recover at 4 ranks x 2 on resnet20 (CIFAR-10; 128 values")
     _, r = _json(capsys, "--model", "bnlab:resnet20", "--world", "8", "--batch-per-rank", "4")
     assert r["recommendations"][0] == (  # 2 ranks of 4: 8 samples, the syncbn cells' count
-        "syncbn with --sync-group 2 (every layer then sees 8 samples; layers.6.bn1, the lowest, "
-        "512 values per channel); measured: gets back 90% of BN's loss, recovers, on resnet20, "
-        "8 x 2 (128 values)\n    table-practice at 8 ranks x 2 on resnet20 (CIFAR-10, global "
+        "syncbn with --sync-group 2 (8 samples a layer, at least 512 values per channel); "
+        "measured: gets back 90% of BN's loss, recovers, on resnet20, 8 x 2 (128 values)\n"
+        "    table-practice at 8 ranks x 2 on resnet20 (CIFAR-10, global "
         "batch 16, 120 epochs; 128 values per channel per rank at its smallest BN layer, the "
         "measured input nearest to this model's 256): SyncBN in groups of 4 ranks (syncbn4) "
         "gets back 90% of BN's loss (95% CI 80 to 100): recovers\n    table-recover at 4 ranks "
@@ -589,3 +592,10 @@ def test_the_sync_group_line_cites_syncbn_measured_at_as_many_samples_per_group(
         "84% of BN's loss (95% CI 74 to 94): unclear")
     _, r = _json(capsys, "--model", "bnlab:resnet20", "--world", "4", "--batch-per-rank", "3")
     assert r["recommendations"][0].endswith("values per channel)")  # 9 samples: none measured
+    _, r = _json(capsys, "--model", "torchvision:mobilenet_v3_small", "--input", "3x64x64",
+                 "--world", "2", "--batch-per-rank", "4")  # 16 values: all three as near
+    head, *evidence = r["recommendations"][0].split("\n")
+    assert head.endswith("; measured: gets back 90% of BN's loss, recovers, on resnet20, 8 x 2 "
+                         "(128 values); as near, torchvision resnet18 at 32 px (2 values): "
+                         "101%, recovers")  # another input in the sentence, in few words
+    assert len(head.split()) <= 40 and len(evidence) == 3  # each input's evidence under it
