@@ -331,7 +331,8 @@ def render(setting: dict, layers: list[Layer], risky: list[Layer], tips: list[st
         lines.append(risk_line(layers, s["min_values"], s["min_images"]))
         lines.append("Fixes:")
         lines += [f"- {tip}" for tip in tips]
-        lines += [f"  {n}" for n in notes(s)]
+        # on every fix above, not on the last alone: after a blank line, unindented
+        lines += ["", *(n[0].upper() + n[1:] for n in notes(s))] if notes(s) else []
     return "\n".join(lines + ["", evidence(s["min_images"], s["min_values"])])
 
 
