@@ -375,8 +375,8 @@ def held(data: Converge, got: dict) -> str:
     why = page.listed([f"{short(f)} at " + page.listed(
         [n for n, s in zip(("10", str(EPOCHS)), states[f], strict=True) if s == "unclear"])
         + " epochs" for f in unclear])
-    rest = (f"at 10 epochs {was}" if changed else "other states unchanged")
-    return f"Ranking undecided: {why} unclear; {rest}."
+    rest = f"; at 10 epochs {was}" if changed else ""
+    return f"Ranking undecided, as {why} was unclear{rest}."
 
 
 def verdicts(data: Converge) -> list[Verdict]:

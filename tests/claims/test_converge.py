@@ -94,8 +94,8 @@ def test_its_finding_sits_under_table_recovers_and_names_what_changed(runs, tmp_
     assert converge.finding(same)[0].text.endswith(". Each fix's state is as at 10 epochs.")
     unsure = data(tmp_path / "unsure", {**TEN, "syncbn": [63.0, 55.0, 64.0, 54.0, 61.0]})
     text = converge.finding(converge.Converge(forty, unsure))[0].text
-    assert text.endswith(". Ranking undecided: SyncBN at 10 epochs unclear; at 10 epochs "
-                         "GroupNorm did no better.")
+    assert text.endswith(". Ranking undecided, as SyncBN at 10 epochs was unclear; at 10 "
+                         "epochs GroupNorm did no better.")
     assert converge.finding(converge.Converge(forty, None))[0].text.endswith(
         "no better than BN. Its 10-epoch states are still to come.")  # table-recover's to come
     short = converge.Converge(runs["short"], ten)
