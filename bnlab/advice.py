@@ -73,6 +73,8 @@ def brief(entry: dict) -> str:
         return f"all, {entry['state']}"
     if entry.get("share") is None:
         return entry["state"]
+    if entry["share"] < 0:
+        return f"{-entry['gain']:.1f} points below BN, {entry['state']}"
     return f"{100 * entry['share']:.0f}%, {entry['state']}"
 
 
@@ -236,12 +238,13 @@ def _sync_key(entry: dict, samples: int) -> str | None:
                  and int(k[len("syncbn"):] or world) * per_rank == samples), None)
 
 
-def synced(samples: int, values: int | None = None) -> str:
+def synced(samples: int, values: int | None = None, beside: bool = True) -> str:
     """What the tables measured for SyncBN with `samples` images per statistics group, for the
     doctor's sync-group line: '; measured: gets back 68% of BN's loss, recovers, on resnet20,
     8 x 2 (128 values)' (the input nearest `values`), then the
     evidence on indented lines (each input as near, any other whose state differs, the longer
-    runs); empty while no table measured SyncBN at that many images per group."""
+    runs); empty while no table measured SyncBN at that many images per group. `beside`: each
+    other input as near is also named in the sentence (else on its evidence line only)."""
     entries = [e for e in read() if _sync_key(e, samples)]
     if not entries:
         return ""
@@ -254,7 +257,8 @@ def synced(samples: int, values: int | None = None) -> str:
               if fix[id(o)]["state"] != fix[id(here)]["state"]]
     # in the sentence: each other input as near (another table's row on the same input is
     # evidence only), its share and state in a few words
-    others = list({_input(t)[1]: t for t in ties if _input(t)[1] != _input(here)[1]}.values())
+    others = list({_input(t)[1]: t for t in ties if _input(t)[1] != _input(here)[1]}.values()
+                  ) if beside else []
     return (f"; measured: {verdict(fix[id(here)])}, on {short(here)}"
             + "".join(f"; as near, {short(t)}: {brief(fix[id(t)])}" for t in others)
             + "".join(EVIDENCE + line for line in lines)

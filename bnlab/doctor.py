@@ -195,22 +195,24 @@ def recommend(layers: list[Layer], world: int, batch: int, min_values: int,
                                                              min_images)
     low = min(bns, key=lambda layer: layer.per_rank)
     spatial = low.per_rank // batch
-    samples = [k for k in _divisors(world) if batch * k >= min_images]  # smallest first
+    # groups of 2 or more ranks, smallest first (a group of 1 is BN)
+    samples = [k for k in _divisors(world) if k > 1 and batch * k >= min_images]
     both = [k for k in samples if low.per_rank * k >= min_values]
     tips = []
     if both:
         k = both[0]
-        tips.append(f"syncbn with --sync-group {k} ({batch * k} samples a layer, at least "
-                    f"{low.per_rank * k} values per channel)" + synced(batch * k, low.per_rank))
+        tips.append(said(f"syncbn with --sync-group {k} ({batch * k} samples, at least "
+                         f"{low.per_rank * k} values per channel a group)", batch * k,
+                         low.per_rank))
     elif samples:
         k = samples[0]
-        tips.append(f"syncbn with --sync-group {k} gives {batch * k} samples per group, but "
-                    f"{low.name} gets {low.per_rank * k} values per channel (threshold "
-                    f"{min_values}): no sync group reaches both" + synced(batch * k, low.per_rank))
+        tips.append(said(f"syncbn with --sync-group {k} gives {batch * k} samples a group; no "
+                         f"group gives {low.name} {min_values} values per channel (it gets "
+                         f"{low.per_rank * k})", batch * k, low.per_rank))
     elif world > 1:
-        tips.append(f"syncbn over all {world} ranks gives {batch * world} samples (threshold "
-                    f"{min_images}): no sync group reaches it" + synced(batch * world,
-                                                                        low.per_rank))
+        tips.append(said(f"syncbn over all {world} ranks gives {batch * world} samples (threshold "
+                         f"{min_images}): no sync group reaches it", batch * world,
+                         low.per_rank))
     tips.append(without_communication(values=low.per_rank))  # cites the nearest input
     channels = [layer.channels for layer in bns]
     g = max((g for g in range(1, 33) if all(c % g == 0 for c in channels)), default=1)
@@ -244,6 +246,19 @@ def check(model: nn.Module, input_shape: tuple[int, ...], world: int, batch_per_
                             grad_accum) if risky else []
 
 
+def said(head: str, samples: int, values: int) -> str:
+    """A sync-group line: `head`, then what the tables measured for SyncBN at `samples` per
+    group (bnlab.advice.synced), in at most WORDS words (the inputs cited beside the first stay
+    on the evidence lines where the sentence would run longer)."""
+    line = head + synced(samples, values)
+    if len(line.split("\n", 1)[0].split()) <= WORDS:
+        return line
+    return head + synced(samples, values, beside=False)
+
+
+WORDS = 40  # a fix line's sentence, at most (its evidence on indented lines under it)
+
+
 def accumulation(batch: int, k: int) -> str:
     """The line on gradient accumulation: BN normalizes each micro-batch, not the step's."""
     return (f"gradient accumulation ({k} micro-batches a step) does not enlarge BN's batch: "
@@ -266,6 +281,8 @@ def report(args: argparse.Namespace) -> int:
         if getattr(args, key) < 1:
             raise BnlabError(f"--{key.replace('_', '-')} must be a positive integer, got "
                              f"{getattr(args, key)}.")
+    if args.sync_group < 0:
+        raise BnlabError(f"--sync-group must be a positive integer, got {args.sync_group}.")
     if args.sync_group and args.norm != "syncbn":
         raise BnlabError(f"--sync-group {args.sync_group} applies to --norm syncbn only; add "
                          "--norm syncbn, or leave --sync-group out.")

@@ -159,6 +159,8 @@ def test_a_bnlab_checkpoint(capsys, tmp_path):
      "layer '1' is a BatchNormAct2d, a BatchNorm subclass with its own forward"),
     (["--model", "mymodels:build", "--world", "4", "--sync-group", "3", "--norm", "syncbn"],
      "--sync-group 3 does not divide --world 4; give a divisor of 4 (1, 2, 4)."),
+    (["--model", "mymodels:build", "--world", "4", "--sync-group", "-2", "--norm", "syncbn"],
+     "--sync-group must be a positive integer, got -2."),
     (["--model", "mymodels:build", "--world", "4", "--sync-group", "2"],
      "--sync-group 2 applies to --norm syncbn only; add --norm syncbn, or leave --sync-group "
      "out."),
@@ -249,8 +251,8 @@ def test_the_fix_line_names_the_smallest_group_of_8_samples_and_cites_table_reco
                     "--world", "4", "--batch-per-rank", "2")
     assert code == 1
     assert r["recommendations"][0] == (
-        "syncbn with --sync-group 4 gives 8 samples per group, but layer4.0.bn1 gets 8 "
-        "values per channel (threshold 16): no sync group reaches both")
+        "syncbn with --sync-group 4 gives 8 samples a group; no group gives layer4.0.bn1 16 "
+        "values per channel (it gets 8)")
     assert "not been measured yet (make table-recover" in r["recommendations"][1]
     (tmp_path / "advice.json").write_text(json.dumps({
         "where": "4 ranks x 2 on resnet20 (CIFAR-10)",
@@ -562,8 +564,8 @@ def test_the_sync_group_line_cites_syncbn_measured_at_as_many_samples_per_group(
     _, r = _json(capsys, "--model", "torchvision:resnet50", "--input", "3x224x224",
                  "--world", "8", "--batch-per-rank", "2")
     head, *evidence = r["recommendations"][0].split("\n")
-    assert head == ("syncbn with --sync-group 4 (8 samples a layer, at least 392 values per "
-                    "channel); measured: gets back 90% of BN's loss, recovers, on resnet20, "
+    assert head == ("syncbn with --sync-group 4 (8 samples, at least 392 values per "
+                    "channel a group); measured: gets back 90% of BN's loss, recovers, on resnet20, "
                     "8 x 2 (128 values)")  # resnet20 at 4 x 2: the same input, evidence only
     assert len(head.split()) <= 40
     assert evidence == [
@@ -581,8 +583,8 @@ def test_the_sync_group_line_cites_syncbn_measured_at_as_many_samples_per_group(
         "table-recover at 4 ranks x 2 on resnet20 (CIFAR-10; 128 values")
     _, r = _json(capsys, "--model", "bnlab:resnet20", "--world", "8", "--batch-per-rank", "4")
     assert r["recommendations"][0] == (  # 2 ranks of 4: 8 samples, the syncbn cells' count
-        "syncbn with --sync-group 2 (8 samples a layer, at least 512 values per channel); "
-        "measured: gets back 90% of BN's loss, recovers, on resnet20, 8 x 2 (128 values)\n"
+        "syncbn with --sync-group 2 (8 samples, at least 512 values per channel a "
+        "group); measured: gets back 90% of BN's loss, recovers, on resnet20, 8 x 2 (128 values)\n"
         "    table-practice at 8 ranks x 2 on resnet20 (CIFAR-10, global "
         "batch 16, 120 epochs; 128 values per channel per rank at its smallest BN layer, the "
         "measured input nearest to this model's 256): SyncBN in groups of 4 ranks (syncbn4) "
@@ -591,7 +593,7 @@ def test_the_sync_group_line_cites_syncbn_measured_at_as_many_samples_per_group(
         "as near to this model's 256 as the other): SyncBN over all 4 ranks (syncbn) gets back "
         "84% of BN's loss (95% CI 74 to 94): unclear")
     _, r = _json(capsys, "--model", "bnlab:resnet20", "--world", "4", "--batch-per-rank", "3")
-    assert r["recommendations"][0].endswith("values per channel)")  # 9 samples: none measured
+    assert r["recommendations"][0].endswith("a group)")  # 12 samples a group: none measured
     _, r = _json(capsys, "--model", "torchvision:mobilenet_v3_small", "--input", "3x64x64",
                  "--world", "2", "--batch-per-rank", "4")  # 16 values: all three as near
     head, *evidence = r["recommendations"][0].split("\n")
@@ -599,3 +601,11 @@ def test_the_sync_group_line_cites_syncbn_measured_at_as_many_samples_per_group(
                          "(128 values); as near, torchvision resnet18 at 32 px (2 values): "
                          "101%, recovers")  # another input in the sentence, in few words
     assert len(head.split()) <= 40 and len(evidence) == 3  # each input's evidence under it
+    _, r = _json(capsys, "--model", "torchvision:mobilenet_v3_small", "--input", "3x64x64",
+                 "--world", "2", "--batch-per-rank", "4", "--min-values", "256")
+    head, *evidence = r["recommendations"][0].split("\n")  # a longer head: no room beside it
+    assert head.endswith("(it gets 32); measured: gets back 90% of BN's loss, recovers, on "
+                         "resnet20, 8 x 2 (128 values)") and len(head.split()) <= 40
+    assert any("torchvision resnet18 at 32 px" in e for e in evidence)  # evidence only
+    _, r = _json(capsys, "--model", "bnlab:resnet18", "--world", "1", "--batch-per-rank", "8")
+    assert not any(t.startswith("syncbn") for t in r["recommendations"])  # 1 rank: no group

@@ -314,8 +314,8 @@ def short(fix: str) -> str:
 
 def share_words(e: dict, first: bool) -> str:
     """'SyncBN gets back 95% of BN's loss, recovers (95% CI 80 to 110)' (`first`), else 'SyncBN
-    95%, recovers (80 to 110)'; 'all' where its runs equal the reference's; its state where it
-    has no share."""
+    95%, recovers (80 to 110)'; 'all, recovers' where its runs equal the reference's; its state
+    where it has no share."""
     name = short(e["fix"])
     if e.get("identical"):  # its runs are the reference's: no interval to give
         return f"{name} gets back all of BN's loss, {e['state']} (its runs equal 1 x 8's)" \

@@ -200,10 +200,10 @@ def seeds_line(cells) -> str:
             "smaller than a run's swing are not evidence here.")
 
 
-SWING_NOTE = (f"Swing: half the peak-to-peak range of val acc over the evaluations in the last "
-              f"{WINDOW:.0%} of training (at least {MIN_EVALS}), the claims' \"+/- points\"; step "
-              "sd: standard deviation of successive differences there. Mean ± std over seeds; "
-              "`-` where no seed finished or every seed diverged.")
+SWING = (f"Swing: half the peak-to-peak range of val acc over the evaluations in the last "
+         f"{WINDOW:.0%} of training (at least {MIN_EVALS}), the claims' \"+/- points\"")
+SWING_NOTE = (f"{SWING}; step sd: standard deviation of successive differences there. Mean ± std "
+              "over seeds; `-` where no seed finished or every seed diverged.")
 
 METRIC_HEADER = ["seeds", "final val acc (%)", "best val acc (%)", "swing (± pts)",
                  "step sd (pts)", "final train loss"]
@@ -271,15 +271,16 @@ COLUMNS = (
                     "would give on this test set if every flip were a fair coin between right "
                     "and wrong; jitter / floor well above 1 means the model's quality itself "
                     "moves between evaluations."),
-    ("swing", "Swing: half the range of val acc on the plateau, the claims' '+/- points'."),
+    ("swing", SWING + "."),  # CellResult.metrics' swing (a plateau page defines its own)
 )
 
 
 def column_terms(text: str) -> str:
     """'Columns: ...': the meaning of each jitter column a table header in `text` shows and
     `text` does not define (its 'Name:' absent); "" where none is missing."""
-    heads = " ".join(ln.lower() for ln in text.splitlines() if ln.startswith("| ") and
-                     "---" not in ln)
+    rows = text.splitlines()
+    heads = " ".join(a.lower() for a, b in zip(rows, rows[1:], strict=False)
+                     if a.startswith("| ") and b.startswith("|---"))  # header rows only
     told = [d for col, d in COLUMNS
-            if f"| {col.lower()}" in heads and d.split(":")[0] + ":" not in text]
+            if f"| {col.lower()}" in heads and f"{col.lower()}:" not in text.lower()]
     return ("Columns: " + " ".join(told)) if told else ""
