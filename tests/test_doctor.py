@@ -566,7 +566,7 @@ def test_the_sync_group_line_cites_syncbn_measured_at_as_many_samples_per_group(
     head, *evidence = r["recommendations"][0].split("\n")
     assert head == ("syncbn with --sync-group 4 (8 samples, at least 392 values per "
                     "channel a group); measured: gets back 90% of BN's loss, recovers, on "
-                    "resnet20, 8 x 2 (128 values)")  # resnet20 at 4 x 2: the same input, evidence only
+                    "resnet20, 8 x 2 (128 values)")  # 4 x 2, the same input: evidence only
     assert len(head.split()) <= 40
     assert evidence == [
         "    table-practice at 8 ranks x 2 on resnet20 (CIFAR-10, global batch 16, 120 epochs; "
