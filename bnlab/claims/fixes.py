@@ -294,7 +294,8 @@ def render(d: RunsData) -> str:
             f"{c.cell.label} {x[0]:+.1f} ({fmt(x[1])} to {fmt(x[2])})" for c in d.cells
             if c.cell.meta.get("fix") != "bn" and (x := over_bn(d, c.cell.meta["fix"]))
             is not None) or "none measured yet") + ".", "",
-        "Plateau: the second half of training; mean ± sd over seeds. The PreciseBN cell's "
+        "Plateau: the second half of training; mean ± sd over seeds. Swing: half the range "
+        "of val acc on the plateau, the claims' '+/- points'. The PreciseBN cell's "
         "columns read its evaluations just after each epoch end's recalibration (10 on the "
         "plateau; they keep no predictions, so no churn floor): its other evaluations come "
         "after the running statistics' EMA has forgotten the recalibration. The rules: below.",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bnlab.errors import BnlabError
 from bnlab.lab.figures import plt, save
-from bnlab.lab.page import results_kernels, seeds_line, wall_line
+from bnlab.lab.page import SWING, results_kernels, seeds_line, wall_line
 from bnlab.lab.plan import plan
 from bnlab.lab.results import finished_run, train_seconds
 from bnlab.lab.spec import data_tag
@@ -154,6 +154,7 @@ def table(res: dict) -> str:
         lines.append(f"| {c['norm']} | {c['batches']} | {_f(c['final'])} | {_f(c['best'])} | "
                      f"±{_f(c['swing'])} | {'-' if loss is None else f'{loss:.4g}'} | "
                      f"{c['status']} |")
+    lines += ["", SWING + "."]  # the metrics' window, not a plateau's
     bias = res["bias"]
     first = next(iter(bias.values()))
     lines += ["", "## Variance bias of the naive sync, per layer", "",

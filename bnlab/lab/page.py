@@ -271,8 +271,7 @@ COLUMNS = (
                     "would give on this test set if every flip were a fair coin between right "
                     "and wrong; jitter / floor well above 1 means the model's quality itself "
                     "moves between evaluations."),
-    ("swing", SWING + "."),  # CellResult.metrics' swing (a plateau page defines its own)
-)
+)  # a swing column's window differs by page (the plateau, or SWING's): each page says its own
 
 
 def column_terms(text: str) -> str:
