@@ -55,27 +55,19 @@ def said(entry: dict) -> str:
             f"{f' ({ci})' if ci else ''}: {entry['state']}")
 
 
-def verdict(entry: dict) -> str:
+def verdict(entry: dict, brief: bool = False) -> str:
     """`said` in a few words, for a fix line's one sentence: 'gets back 69% of BN's loss,
-    partly', 'ends 6.0 points below BN, no better'."""
+    partly', 'ends 6.0 points below BN, no better'; `brief`, fewer still, for an input cited
+    beside the first: '101%, recovers', '6.0 points below BN, no better'."""
+    state = entry["state"]
     if entry.get("identical"):
-        return f"gets back all of BN's loss, {entry['state']}"
+        return f"all, {state}" if brief else f"gets back all of BN's loss, {state}"
     if entry.get("share") is None:
-        return entry["state"]
+        return state
     if entry["share"] < 0:
-        return f"ends {-entry['gain']:.1f} points below BN, {entry['state']}"
-    return f"gets back {100 * entry['share']:.0f}% of BN's loss, {entry['state']}"
-
-
-def brief(entry: dict) -> str:
-    """`verdict` in fewer words, for an input cited beside the first: '101%, recovers'."""
-    if entry.get("identical"):
-        return f"all, {entry['state']}"
-    if entry.get("share") is None:
-        return entry["state"]
-    if entry["share"] < 0:
-        return f"{-entry['gain']:.1f} points below BN, {entry['state']}"
-    return f"{100 * entry['share']:.0f}%, {entry['state']}"
+        return f"{'' if brief else 'ends '}{-entry['gain']:.1f} points below BN, {state}"
+    share = f"{100 * entry['share']:.0f}%"
+    return f"{share}, {state}" if brief else f"gets back {share} of BN's loss, {state}"
 
 
 EVIDENCE = "\n    "  # a fix line's evidence: each on an indented line under it
@@ -260,7 +252,7 @@ def synced(samples: int, values: int | None = None, beside: bool = True) -> str:
     others = list({_input(t)[1]: t for t in ties if _input(t)[1] != _input(here)[1]}.values()
                   ) if beside else []
     return (f"; measured: {verdict(fix[id(here)])}, on {short(here)}"
-            + "".join(f"; as near, {short(t)}: {brief(fix[id(t)])}" for t in others)
+            + "".join(f"; as near, {short(t)}: {verdict(fix[id(t)], brief=True)}" for t in others)
             + "".join(EVIDENCE + line for line in lines)
             + lengthwise("syncbn", [e for e in entries if _sync_key(e, samples) == "syncbn"]))
 
