@@ -230,17 +230,19 @@ def _sync_key(entry: dict, samples: int) -> str | None:
                  and int(k[len("syncbn"):] or world) * per_rank == samples), None)
 
 
-def synced(samples: int, values: int | None = None, beside: bool = True) -> str:
+def synced(samples: int, values: int | None = None, room: int | None = None) -> str:
     """What the tables measured for SyncBN with `samples` images per statistics group, for the
     doctor's sync-group line: '; measured: gets back 68% of BN's loss, recovers, on resnet20,
-    8 x 2 (128 values)' (the input nearest `values`), then the
-    evidence on indented lines (each input as near, any other whose state differs, the longer
-    runs); empty while no table measured SyncBN at that many images per group. `beside`: each
-    other input as near is also named in the sentence (else on its evidence line only)."""
-    entries = [e for e in read() if _sync_key(e, samples)]
+    8 x 2 (128 values)' (the input nearest `values`), then the evidence on indented lines (each
+    input as near, any other whose state differs, the longer runs); empty while no table
+    measured SyncBN at that many images per group. Each other input as near is also named in
+    the sentence where the sentence then keeps within `room` words (None: no bound)."""
+    every = read()
+    keys = {id(e): k for e in every if (k := _sync_key(e, samples))}
+    entries = [e for e in every if id(e) in keys]
     if not entries:
         return ""
-    fix = {id(e): e["fixes"][_sync_key(e, samples)] for e in entries}
+    fix = {id(e): e["fixes"][keys[id(e)]] for e in entries}
     here, ties, rest = nearest(entries, values)
     behind = any(_distance(t, values) < _distance(here, values) for t in ties)
     lines = [f"{table_of(e)} at {cited(e, values, tie=e is not here or behind)}: "
@@ -248,13 +250,16 @@ def synced(samples: int, values: int | None = None, beside: bool = True) -> str:
     lines += [f"on {short(o)} it differs: {said(fix[id(o)])}" for o in rest
               if fix[id(o)]["state"] != fix[id(here)]["state"]]
     # in the sentence: each other input as near (another table's row on the same input is
-    # evidence only), its share and state in a few words
-    others = list({_input(t)[1]: t for t in ties if _input(t)[1] != _input(here)[1]}.values()
-                  ) if beside else []
-    return (f"; measured: {verdict(fix[id(here)])}, on {short(here)}"
-            + "".join(f"; as near, {short(t)}: {verdict(fix[id(t)], brief=True)}" for t in others)
-            + "".join(EVIDENCE + line for line in lines)
-            + lengthwise("syncbn", [e for e in entries if _sync_key(e, samples) == "syncbn"]))
+    # evidence only), its share and state in a few words, where they all fit
+    head = f"; measured: {verdict(fix[id(here)])}, on {short(here)}"
+    others = {_input(t)[1]: t for t in ties if _input(t)[1] != _input(here)[1]}.values()
+    beside = "".join(f"; as near, {short(t)}: {verdict(fix[id(t)], brief=True)}"
+                     for t in others)
+    # its leading ';' joins the last word before it: not a word of its own
+    if room is None or len((head + beside).lstrip(";").split()) <= room:
+        head += beside
+    return (head + "".join(EVIDENCE + line for line in lines)
+            + lengthwise("syncbn", [e for e in entries if keys[id(e)] == "syncbn"]))
 
 
 def lengthwise(fix: str, entries: list[dict]) -> str:

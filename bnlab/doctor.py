@@ -248,12 +248,9 @@ def check(model: nn.Module, input_shape: tuple[int, ...], world: int, batch_per_
 
 def said(head: str, samples: int, values: int) -> str:
     """A sync-group line: `head`, then what the tables measured for SyncBN at `samples` per
-    group (bnlab.advice.synced), in at most WORDS words (the inputs cited beside the first stay
-    on the evidence lines where the sentence would run longer)."""
-    line = head + synced(samples, values)
-    if len(line.split("\n", 1)[0].split()) <= WORDS:
-        return line
-    return head + synced(samples, values, beside=False)
+    group (bnlab.advice.synced), its sentence within WORDS words (the inputs cited beside the
+    first stay on the evidence lines where it would run longer)."""
+    return head + synced(samples, values, room=WORDS - len(head.split()))
 
 
 WORDS = 40  # a fix line's sentence, at most (its evidence on indented lines under it)

@@ -244,9 +244,9 @@ def test_the_commands_help_imports_neither_torch_nor_the_lab():
 def test_each_readme_finding_and_each_line_under_it_is_at_most_45_words():
     """The words issue's budget on the README's findings: each numbered finding, and each line
     set under one, at most 45 words as read (each link's target dropped, its text kept)."""
-    text = (PACKAGE.parent / "README.md").read_text()
-    block = text.split("<!-- headline:begin -->")[1].split("<!-- headline:end -->")[0]
-    lines = [re.sub(r"\]\([^)]*\)", "]", ln).strip() for ln in block.splitlines()
+    from bnlab.lab.readme import prose  # the findings section as its budget reads it
+
+    lines = [ln.strip() for ln in prose((PACKAGE.parent / "README.md").read_text())
              if re.match(r"(\d+\.|\s+-) ", ln)]
     assert len([ln for ln in lines if ln[0].isdigit()]) == 5  # the five findings
     long = [ln for ln in lines if len(ln.split(" ", 1)[1].split()) > 45]
