@@ -187,7 +187,8 @@ def terms(findings: tuple[Finding, ...] = (), rest: str = "") -> str:
             break
         kept = now
     line = ("Terms: " + " ".join(kept)) if kept else ""
-    shares = [ln for ln in said.splitlines() if "bn's loss" in ln]
+    # a line that names its share's reference ("against 1 x 8") needs none from this line
+    shares = [ln for ln in said.splitlines() if "bn's loss" in ln and "against 1 x 8" not in ln]
     against = (any("8 x 16" not in ln for ln in shares), any("8 x 16" in ln for ln in shares))
     return line.replace(SHARE, AGAINST[against]) if any(against) else line
 

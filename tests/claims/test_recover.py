@@ -5,6 +5,7 @@ choices, refused while a choice is open."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -119,6 +120,7 @@ def test_the_finding_says_when_no_fix_without_communication_does_better(monkeypa
     assert recover.finding(None)[0].text == (
         "At 4 x 2 on resnet20, SyncBN over all 4 ranks gets back 80% of BN's loss, partly (95% "
         "CI 70 to 90); no fix without per-step communication beats BN.")
+    assert len(recover.finding(None)) == 1  # nothing to set under table-practice's yet
     by_input["resnet18 32 px"] = {"fixes": other, "values": 2, "best": other["gn"],
                                   "best_free": other["gn"]}
     assert recover.finding(None)[0].text == (
@@ -133,6 +135,14 @@ def test_the_finding_says_when_no_fix_without_communication_does_better(monkeypa
         "finding 2's second input, on a shorter protocol of its own; for that input, plain "
         "GroupNorm in finding 2's table plateaus 9.0 points above BN.")
     assert recover.versus({"gain": -0.04}) == "plateaus level with BN"
+    # once table-practice's finding 2 stands in for this one: the input it does not train,
+    # set under it with this table's layout and the reference its share is against
+    under = recover.finding(None)[1]
+    assert under.extends == "practice" and under.table == "recover" and under.text == (
+        "On torchvision resnet18 at 32 px, 4 x 2 against 1 x 8: GroupNorm regains 90% of BN's "
+        "loss, recovers (95% CI 80 to 100).")
+    shown = re.sub(r"\]\([^)]*\)", "]", under.line())  # as the README shows it
+    assert len(shown.split()) <= 45  # the words issue: 45 for each line under a finding
     other["syncbn"] = entry("syncbn", "recovers", 9.5)
     by_input["resnet18 32 px"]["best"] = other["syncbn"]
     assert recover.finding(None)[0].text.endswith(

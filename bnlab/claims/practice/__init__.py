@@ -110,7 +110,7 @@ def render(data: Practice) -> str:
         "Test accuracy of resnet20 on the CIFAR-10 subset (5,085 training images, 1,017 test) "
         "at the end of training (the mean over the evaluations of its last tenth), mean over "
         "3 seeds with its 95% t interval; gaps are paired on the seed (positive: accuracy "
-        "lost).", "",
+        "lost).", "", EARLIER, "",
         "## BN and GroupNorm by images per rank (8 ranks)", "",
         *([said, ""] if (said := across(data)) else []),  # once every batch is judged
         page.md_table(["", *[f"8 x {b}" for b in BATCHES]], rows), "",
@@ -127,6 +127,16 @@ def render(data: Practice) -> str:
         page.md_table(["cell", "lr at 128", "epochs", "seeds", "steps per run",
                        "final train loss (mean)"], lrows), "",
         *rules_lines(data), ""]))
+
+
+# where the question was asked before (table-recover's and table-converge's findings are what
+# the README's finding 2 stands in for once this table tells it: practice.words.REPLACES), one
+# click from the README
+EARLIER = ("Asked before on smaller runs: [table-recover](../recover/table.md) (global batch 8, "
+           "4 x 2 against 1 x 8, 10 epochs, on resnet20 and on torchvision resnet18 at 32 px), "
+           "[table-converge](../converge/table.md) (the same on resnet20 for 40 epochs) and "
+           "[table-batch](../batch/table.md) (Wu and He's layout at 4 ranks x 32 down to 2, "
+           "torchvision resnet18 at 32 px, 5 epochs).")
 
 
 def steps_of(c: CellResult) -> str:

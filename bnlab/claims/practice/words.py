@@ -1,6 +1,7 @@
 """table-practice in words: the README's finding 2 once its 8 x 2 cells have their seeds (what
-to use instead of BN at a practitioner's global batch) and the lines set under it. The README's
-other GroupNorm number (finding 4) says its own rate and length in its sentence."""
+to use instead of BN at a practitioner's global batch); table-recover sets the line under it
+(recover.words.under_practice). The README's other GroupNorm number (finding 4) says its own
+rate and length in its sentence."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from bnlab.lab.results import fmt
 from bnlab.lab.table import Finding
 
 # the tables whose findings this one stands in for in the README (their pages stay, linked
-# under it as the earlier, smaller-batch protocol)
+# under it as the earlier, smaller-batch protocol: recover.words.under_practice)
 REPLACES = ("recover", "converge")
 # each fix's name where the finding's word budget wants it shorter than the page's
 # a state after its subject: "BN breaks", "BN is unclear", "GroupNorm is flat", "... drops"
@@ -26,8 +27,8 @@ SHORT = {**recover.SHORT, "syncbn4": "SyncBN in 4-rank groups", "precise": "Prec
 
 def finding(data: Practice) -> list[Finding]:
     """Finding 2 from this table: at 8 x 2, whether BN breaks (its gap to 8 x 16 with its
-    interval) and the best fix and the best without per-step communication with their states;
-    under it, where the question was asked before. None until the advice row exists. BN's and
+    interval) and the best fix and the best without per-step communication with their states.
+    None until the advice row exists. BN's and
     GroupNorm's states across per-rank batches are the figure's title, shown beside it."""
     row = advice_row(data)
     if row is None:
@@ -44,8 +45,7 @@ def finding(data: Practice) -> list[Finding]:
     text = f"BN {IS[state]} at {RANKS} x 2 on resnet20{lost}{answer}."
     # across the per-rank batches: the figure's title, shown under the list (title()),
     # and the page's line (across())
-    return [Finding(text, "practice", rules.mark(RULES), rank=2, replaces=REPLACES),
-            Finding(earlier(), "recover", rules.mark(recover.RULES), extends="practice")]
+    return [Finding(text, "practice", rules.mark(RULES), rank=2, replaces=REPLACES)]
 
 
 def across(data: Practice) -> str:
@@ -66,10 +66,3 @@ def across(data: Practice) -> str:
             f"images per rank; GroupNorm {IS[flat['gn']]} and GroupNorm+WS {IS[flat['gnws']]} "
             f"(flat: every gap within the seeds' noise of its own {RANKS} x {BATCHES[0]}).")
 
-
-def earlier() -> str:
-    """Where the same question was asked before, each with what makes it differ (global batch
-    8 at 10 and 40 epochs; Wu and He's layout at 4 ranks), in a line set under
-    the finding; table-recover's link follows it, as the link of every line does."""
-    return ("Global batch 8 for 10 and 40 epochs: [table-converge](experiments/converge/"
-            "table.md); Wu and He's layout at 4 ranks: [table-batch](experiments/batch/table.md).")
