@@ -71,6 +71,7 @@ def verdict(entry: dict, brief: bool = False) -> str:
 
 
 EVIDENCE = "\n    "  # a fix line's evidence: each on an indented line under it
+WORDS = 40  # a fix line's sentence, at most (its evidence on indented lines under it)
 
 
 def _json(path) -> dict | None:
@@ -148,13 +149,24 @@ def as_near(others: list[dict], here: dict, values: int | None) -> list[dict]:
     return [o for o in others if math.isfinite(d) and abs(_distance(o, values) - d) < TIE]
 
 
+def beside(here: dict, ties: list[dict], sentence: str, tie_head, room: int | None) -> str:
+    """`sentence` with each other input as near named after it ('; as near, <input>: <its
+    few words>'), where the sentence then keeps within `room` words (None: no bound); another
+    table's row on `here`'s input is evidence only."""
+    others = {_input(t)[1]: t for t in ties if _input(t)[1] != _input(here)[1]}.values()
+    more = "".join(f"; as near, {short(t)}: {tie_head(t)}" for t in others)
+    # a leading ';' joins the last word before it: not a word of its own
+    fits = room is None or len((sentence + more).lstrip(";").split()) <= room
+    return sentence + more if fits else sentence
+
+
 def _nearest_said(here: dict, ties: list[dict], values: int | None, head, tie_head,
-                  line) -> str:
-    """A fix line's sentence (`head` of the nearest input, `tie_head` of each as near) and
-    its first evidence: table-recover at each of those inputs, `line` of each."""
+                  line, room: int | None) -> str:
+    """A fix line's sentence (`head` of the nearest input, `tie_head` of each other input as
+    near, within `room` words: beside) and its first evidence: the table at each of those
+    inputs, `line` of each."""
     behind = any(_distance(t, values) < _distance(here, values) for t in ties)  # promoted
-    return (f"{head(here)}, on {short(here)}"
-            + "".join(f"; as near, {short(t)}: {tie_head(t)}" for t in ties)
+    return (beside(here, ties, f"{head(here)}, on {short(here)}", tie_head, room)
             + f"{EVIDENCE}{table_of(here)} at {cited(here, values, tie=behind)}: {line(here)}"
             + "".join(f"{EVIDENCE}{table_of(t)} at {cited(t, values, tie=True)}: {line(t)}"
                       for t in ties))
@@ -200,11 +212,12 @@ def elsewhere(others: list[dict], differs, line) -> str:
                    if differs(o))
 
 
-def measured(fix: str, values: int | None = None) -> str:
-    """What table-recover measured for `fix` at 4 ranks x 2 on the input nearest `values`, for
-    the doctor's line on it: ': gets back 69% of BN's loss, partly, on resnet20 (128
-    values)', then the evidence, each on an indented line (table-recover at that input, any
-    other input whose state for it differs, the longer runs); empty while none measured it."""
+def measured(fix: str, values: int | None = None, room: int | None = None) -> str:
+    """What the tables measured for `fix` on the input nearest `values`, for the doctor's line
+    on it: ': gets back 69% of BN's loss, partly, on resnet20 (128 values)' (its sentence
+    within `room` words: beside), then the evidence, each on an indented line (the table at
+    that input and each as near, any other input whose state for it differs, the longer
+    runs); empty while none measured it."""
     entries = [e for e in read() if fix in e.get("fixes", {})]
     if not entries:
         return ""
@@ -214,7 +227,8 @@ def measured(fix: str, values: int | None = None) -> str:
     def its(e: dict) -> str:
         return verdict(e["fixes"][fix])
 
-    return (": " + _nearest_said(here, ties, values, its, its, lambda e: said(e["fixes"][fix]))
+    return (": " + _nearest_said(here, ties, values, its, its, lambda e: said(e["fixes"][fix]),
+                                 room)
             + elsewhere(rest, lambda o: o["fixes"][fix]["state"] != state,
                         lambda o: said(o["fixes"][fix])) + lengthwise(fix, entries))
 
@@ -251,13 +265,8 @@ def synced(samples: int, values: int | None = None, room: int | None = None) -> 
               if fix[id(o)]["state"] != fix[id(here)]["state"]]
     # in the sentence: each other input as near (another table's row on the same input is
     # evidence only), its share and state in a few words, where they all fit
-    head = f"; measured: {verdict(fix[id(here)])}, on {short(here)}"
-    others = {_input(t)[1]: t for t in ties if _input(t)[1] != _input(here)[1]}.values()
-    beside = "".join(f"; as near, {short(t)}: {verdict(fix[id(t)], brief=True)}"
-                     for t in others)
-    # its leading ';' joins the last word before it: not a word of its own
-    if room is None or len((head + beside).lstrip(";").split()) <= room:
-        head += beside
+    head = beside(here, ties, f"; measured: {verdict(fix[id(here)])}, on {short(here)}",
+                  lambda t: verdict(fix[id(t)], brief=True), room)
     return (head + "".join(EVIDENCE + line for line in lines)
             + lengthwise("syncbn", [e for e in entries if keys[id(e)] == "syncbn"]))
 
@@ -308,13 +317,14 @@ def _tie_head(t: dict, here: dict) -> str:
 
 
 def without_communication(options: str = "the lines below are options",
-                          values: int | None = None) -> str:
+                          values: int | None = None, room: int | None = WORDS) -> str:
     """The doctor's line on fixes with no per-step communication (PreciseBN's all-reduce comes
     once per recalibration): the best one table-recover measured at 4 ranks x 2 on the input
     nearest `values` (or that none did better than BN there), in one sentence, then the
     evidence on indented lines (that input, any input that ranks them differently, the longer
     runs, the table); or that it has not been measured yet, and where the options are
-    (`options`: the doctor's lines below them; bnlab.diagnose names the doctor)."""
+    (`options`: the doctor's lines below them; bnlab.diagnose names the doctor). Its sentence
+    keeps within `room` words, its opening words counted (beside)."""
     entries = [e for e in read() if e.get("best_free")]
     if not entries:
         return ("without per-step communication: which fix recovers most at the break has not "
@@ -325,9 +335,10 @@ def without_communication(options: str = "the lines below are options",
         return (o["best_free"]["fix"], o["best_free"]["state"] == "no better") != \
             (here["best_free"]["fix"], here["best_free"]["state"] == "no better")
 
-    return ("without per-step communication: "
+    opening = "without per-step communication: "
+    return (opening
             + _nearest_said(here, ties, values, _free_head, lambda t: _tie_head(t, here),
-                            _free_line)
+                            _free_line, None if room is None else room - len(opening.split()))
             + elsewhere(rest, differs, _free_line) + free_lengthwise(entries)
             + f"{EVIDENCE}({'; '.join(sources([here, *ties, *filter(differs, rest)]))})")
 

@@ -32,6 +32,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
 from bnlab.advice import (
+    WORDS,
     extrapolated,
     groups,
     measured,
@@ -225,7 +226,7 @@ def recommend(layers: list[Layer], world: int, batch: int, min_values: int,
     else:
         head = "gn: no group count above 1 divides every layer's channels; use ln or " \
             "per-layer groups"
-    tips.append(head + measured("gn", low.per_rank))
+    tips.append(head + measured("gn", low.per_rank, room=WORDS - len(head.split())))
     need = max(min_images, math.ceil(min_values / max(spatial, 1)))
     tips.append(f"or a per-rank batch of {need} or more (each sample gives {low.name} "
                 f"{spatial} value{'s' if spatial != 1 else ''} per channel)")
@@ -251,9 +252,6 @@ def said(head: str, samples: int, values: int) -> str:
     group (bnlab.advice.synced), its sentence within WORDS words (the inputs cited beside the
     first stay on the evidence lines where it would run longer)."""
     return head + synced(samples, values, room=WORDS - len(head.split()))
-
-
-WORDS = 40  # a fix line's sentence, at most (its evidence on indented lines under it)
 
 
 def accumulation(batch: int, k: int) -> str:
