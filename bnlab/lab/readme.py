@@ -187,10 +187,14 @@ def terms(findings: tuple[Finding, ...] = (), rest: str = "") -> str:
             break
         kept = now
     line = ("Terms: " + " ".join(kept)) if kept else ""
-    # a line that names its share's reference ("against 1 x 8") needs none from this line
-    shares = [ln for ln in said.splitlines() if "bn's loss" in ln and "against 1 x 8" not in ln]
+    # a line that names its share's reference ("against 1 x 8") needs none from this line,
+    # which then says that a line may name its own
+    every = [ln for ln in said.splitlines() if "bn's loss" in ln]
+    shares = [ln for ln in every if "against 1 x 8" not in ln]
     against = (any("8 x 16" not in ln for ln in shares), any("8 x 16" in ln for ln in shares))
-    return line.replace(SHARE, AGAINST[against]) if any(against) else line
+    line = line.replace(SHARE, AGAINST[against]) if any(against) else line
+    return line.replace(AGAINST[False, True], f"{AGAINST[False, True]} unless said") \
+        if against == (False, True) and len(shares) < len(every) else line
 
 
 def prose(text: str) -> list[str]:

@@ -187,7 +187,7 @@ def test_the_terms_line_says_which_reference_a_share_is_against_once_8x16_is_one
                                   "of BN's loss.", "practice", under=(Finding(
                                       "At 4 x 2 against 1 x 8: SyncBN regains 84% of BN's loss.",
                                       "recover"),)),))  # the line under names its own
-    assert "Share of BN's loss against 8 x 16: " in named
+    assert "Share of BN's loss against 8 x 16 unless said: " in named  # the line says it
     assert "8 x 16" not in readme.terms((Finding("BN regains 84% of BN's loss.\nAt 8 x 16.",
                                                  "x"),))  # 8 x 16 on another line: no share
     under = Finding("A.", "a", under=(Finding("On the plateau.", "b"),), after="A pilot.")
