@@ -28,8 +28,8 @@ SHORT = {**recover.SHORT, "syncbn4": "SyncBN in 4-rank groups", "precise": "Prec
 def finding(data: Practice) -> list[Finding]:
     """Finding 2 from this table: at 8 x 2, whether BN breaks (its gap to 8 x 16 with its
     interval) and the best fix and the best without per-step communication with their states.
-    None until the advice row exists. BN's and
-    GroupNorm's states across per-rank batches are the figure's title, shown beside it."""
+    None until the advice row exists. BN's and GroupNorm's states across per-rank batches are
+    the figure's title, shown beside it."""
     row = advice_row(data)
     if row is None:
         return []
@@ -65,4 +65,3 @@ def across(data: Practice) -> str:
             f"{2 * RANKS}, {epochs} epochs), BN {', '.join(said)} "
             f"images per rank; GroupNorm {IS[flat['gn']]} and GroupNorm+WS {IS[flat['gnws']]} "
             f"(flat: every gap within the seeds' noise of its own {RANKS} x {BATCHES[0]}).")
-

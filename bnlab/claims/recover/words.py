@@ -213,8 +213,8 @@ def under_practice(done: dict[str, dict]) -> list[Finding]:
     table.nested keeps a finding that extends the replacing table, and drops it while that
     table has no finding): the answer on the input table-practice does not train, with this
     table's layout and the reference its share is against (the README's terms line then
-    defines the share against 8 x 16 alone; table-practice's page links the earlier protocol's
-    other tables); none until that input is measured."""
+    defines the share against 8 x 16 "unless said"; table-practice's page links the earlier
+    protocol's other tables); none until that input is measured."""
     second = next((inp for inp in done if inp != FIRST), None)
     if second is None:
         return []
