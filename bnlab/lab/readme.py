@@ -192,9 +192,10 @@ def terms(findings: tuple[Finding, ...] = (), rest: str = "") -> str:
     every = [ln for ln in said.splitlines() if "bn's loss" in ln]
     shares = [ln for ln in every if "against 1 x 8" not in ln]
     against = (any("8 x 16" not in ln for ln in shares), any("8 x 16" in ln for ln in shares))
-    line = line.replace(SHARE, AGAINST[against]) if any(against) else line
-    return line.replace(AGAINST[False, True], f"{AGAINST[False, True]} unless said") \
-        if against == (False, True) and len(shares) < len(every) else line
+    if not any(against):
+        return line
+    unless = " unless said" if against == (False, True) and len(shares) < len(every) else ""
+    return line.replace(SHARE, AGAINST[against] + unless)
 
 
 def prose(text: str) -> list[str]:
