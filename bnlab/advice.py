@@ -21,14 +21,9 @@ from bnlab.paths import MEASURED
 ADVICE = MEASURED / "advice.json"
 LONGER = MEASURED / "converge.json"  # one input trained 4x longer, as an advice.json input
 PRACTICE = MEASURED / "practice.json"  # make table-practice: its 8 x 2 row and thresholds' answer
-PUBLISHED = MEASURED / "published.json"  # others' measurements, each with its citation
-THRESHOLDS = MEASURED / "thresholds.json"  # make table-values: what it finds of the thresholds
-MEASURED_SIDE = 32  # every input bnlab measured its fixes on: CIFAR-10 images, 32 x 32 px
-IMAGENET_SIDE = 128  # an input this large or larger is taken for ImageNet-like
 TABLE = "make table-recover: experiments/recover/table.md in bnlab's repository"
 PRACTICE_SOURCE = "make table-practice: experiments/practice/table.md in bnlab's repository"
 RECOVER, PRACTICE_TABLE = "table-recover", "table-practice"  # an entry's `table`
-VALUES_TABLE = "make table-values: experiments/values/table.md in bnlab's repository"
 # no per-step communication (PreciseBN all-reduces once per recalibration), as table-recover
 FREE = ("gn", "gnws", "ln", "evonorm", "brn", "precise", "frozen_bn")
 FAR = 2.0  # log2: an input with over 4x more (or fewer) values per channel is said to be far
@@ -74,7 +69,8 @@ EVIDENCE = "\n    "  # a fix line's evidence: each on an indented line under it
 WORDS = 40  # a fix line's sentence, at most (its evidence on indented lines under it)
 
 
-def _json(path) -> dict | None:
+def read_json(path) -> dict | None:
+    """A measured file's object; None where it is missing, unreadable or not an object."""
     try:
         got = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -85,7 +81,7 @@ def _json(path) -> dict | None:
 def longer() -> dict | None:
     """converge.json's entry ({input, epochs, where, fixes}), or None where it is missing or
     unreadable."""
-    got = _json(LONGER)
+    got = read_json(LONGER)
     return got if got is not None and isinstance(got.get("fixes"), dict) and \
         got.get("epochs") else None
 
@@ -113,10 +109,10 @@ def read() -> list[dict]:
     """Every measured entry ({input, values, where, best, best_free, fixes}): table-practice's
     row first, then advice.json's inputs; [] where both are missing or unreadable. A file of
     one input's entry (as written before entries were per input) reads as that input."""
-    practice = _json(PRACTICE) or {}
+    practice = read_json(PRACTICE) or {}
     first = [practice] if "where" in practice and isinstance(practice.get("fixes"), dict) \
         else []
-    advice = _json(ADVICE)
+    advice = read_json(ADVICE)
     if advice is None:
         return first
     if "inputs" in advice:
@@ -367,47 +363,3 @@ def free_lengthwise(entries: list[dict]) -> str:
     return (f"{EVIDENCE}{at_length(long)}, not 10, the best of the fixes it trained without "
             f"communication ({', '.join(free)}) differs: "
             f"{_free_line({'best_free': best['long']})}")
-
-
-def extrapolated(shape: tuple[int, ...]) -> str | None:
-    """Where the input is not the 32 px CIFAR-10 bnlab measured on, a line that says its fix
-    lines are extrapolated; None where it is."""
-    h, w = shape[-2:]
-    if (h, w) == (MEASURED_SIDE, MEASURED_SIDE):
-        return None
-    return (f"extrapolated: bnlab measured these fixes on CIFAR-10 at {MEASURED_SIDE} x "
-            f"{MEASURED_SIDE} px, not at this input's {h} x {w}")
-
-
-def published(batch: int, shape: tuple[int, ...]) -> str | None:
-    """A published measurement of this layout, labelled as such: Wu and He's BN and GN error at
-    this many images per rank, where the input is ImageNet-sized and they measured that
-    batch; None otherwise (or where the file is missing)."""
-    got = _json(PUBLISHED) or {}
-    e = got.get("wu_he_2018")
-    if not e or batch not in e["images_per_rank"] or min(shape[-2:]) < IMAGENET_SIDE:
-        return None
-    at, top = e["images_per_rank"].index(batch), e["images_per_rank"].index(
-        max(e["images_per_rank"]))
-    bn, gn = e["error"]["bn"], e["error"]["gn"]
-    return (f"published, not measured by bnlab: {e['source']}: at {batch} images per GPU, "
-            f"BN {bn[at]}% top-1 error against {bn[top]}% at {max(e['images_per_rank'])} "
-            f"({bn[at] - bn[top]:.1f} points lost); GroupNorm {gn[at]}% ({min(gn)} to "
-            f"{max(gn)} at every batch)")
-
-
-def thresholds_judged() -> str:
-    """What table-values finds of the doctor's thresholds, at each global batch it measured
-    ('not supported at global batch 8 (...), supported at global batch 16'), and where; or
-    that it has not judged them yet."""
-    got = _json(THRESHOLDS) or {}
-    at = [a for a in got.get("at", []) if isinstance(a, dict) and a.get("answer")]
-    practice = (_json(PRACTICE) or {}).get("thresholds")
-    also = "" if not isinstance(practice, dict) else (
-        f"; table-practice finds them {practice['answer']} at global batches "
-        f"{practice['global_batches']} ({practice['table']})")
-    if not at:
-        return f"no table has judged them yet ({VALUES_TABLE})" if not also else also[2:]
-    return ("table-values finds them " + "; ".join(f"{a['answer']} at global batch "
-                                                 f"{a['global_batch']}" for a in at)
-            + f" ({got['table']})" + also)

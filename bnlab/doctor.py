@@ -31,17 +31,9 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
-from bnlab.advice import (
-    WORDS,
-    extrapolated,
-    groups,
-    measured,
-    published,
-    synced,
-    thresholds_judged,
-    without_communication,
-)
+from bnlab.advice import WORDS, groups, measured, synced, without_communication
 from bnlab.batchnorm import restore_modes, save_modes
+from bnlab.caveats import extrapolated, published, thresholds_judged
 from bnlab.cli import emit
 from bnlab.defaults import MIN_IMAGES, MIN_VALUES
 from bnlab.errors import BnlabError

@@ -79,9 +79,9 @@ def test_the_report_cites_the_table_that_measures_its_thresholds(capsys):
 
 def test_the_thresholds_line_says_what_table_values_found_or_that_none_judged_them(
         capsys, tmp_path, monkeypatch):
-    from bnlab import advice
+    from bnlab import advice, caveats
 
-    monkeypatch.setattr(advice, "THRESHOLDS", tmp_path / "thresholds.json")  # none yet
+    monkeypatch.setattr(caveats, "THRESHOLDS", tmp_path / "thresholds.json")  # none yet
     monkeypatch.setattr(advice, "PRACTICE", tmp_path / "practice.json")  # none yet
     at_4x2 = ("--model", "bnlab:resnet20", "--world", "4", "--batch-per-rank", "2")
     _, out, _ = _doctor(capsys, *at_4x2)

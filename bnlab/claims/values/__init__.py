@@ -24,7 +24,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from bnlab.advice import VALUES_TABLE
+from bnlab.caveats import VALUES_TABLE
 from bnlab.claims import bf16ddp
 from bnlab.claims.values import figure
 from bnlab.claims.values.cells import *  # noqa: F403 (the table's names, one namespace)
