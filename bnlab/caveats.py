@@ -8,6 +8,7 @@ practice.json's `thresholds`, which `make table-practice` writes). Nothing here 
 from __future__ import annotations
 
 from bnlab import advice
+from bnlab.defaults import MIN_IMAGES, MIN_VALUES
 from bnlab.paths import MEASURED
 
 PUBLISHED = MEASURED / "published.json"  # others' measurements, each with its citation
@@ -52,10 +53,26 @@ def thresholds_judged() -> str:
     at = [a for a in got.get("at", []) if isinstance(a, dict) and a.get("answer")]
     practice = (advice.read_json(advice.PRACTICE) or {}).get("thresholds")
     also = "" if not isinstance(practice, dict) else (
-        f"; table-practice finds them {practice['answer']} at global batches "
-        f"{practice['global_batches']} ({practice['table']})")
+        f"; table-practice finds {_them(practice)} {practice['answer']} at global batches "
+        f"{practice['global_batches']}{_moved(practice)} ({practice['table']})")
     if not at:
         return f"no table has judged them yet ({VALUES_TABLE})" if not also else also[2:]
     return ("table-values finds them " + "; ".join(f"{a['answer']} at global batch "
                                                  f"{a['global_batch']}" for a in at)
             + f" ({got['table']})" + also)
+
+
+def _them(practice: dict) -> str:
+    """'them' where table-practice judged bnlab's thresholds as they are; the ones it judged
+    where its rule doctor_change has since moved them."""
+    judged = practice.get("judged")
+    return "them" if judged in (None, f"{MIN_IMAGES} images and {MIN_VALUES} values") else judged
+
+
+def _moved(practice: dict) -> str:
+    """What table-practice's rule doctor_change gives, where it moves MIN_IMAGES."""
+    to = practice.get("change")
+    if to is None:
+        return ""
+    done = "is now" if to == MIN_IMAGES else "moves to"
+    return f"; by its rule doctor_change MIN_IMAGES {done} {to}"

@@ -92,6 +92,17 @@ def test_the_thresholds_line_says_what_table_values_found_or_that_none_judged_th
     _, out, _ = _doctor(capsys, *at_4x2)
     assert out.rstrip().endswith("table-values finds them not supported (a reason) at global "
                                  "batch 8; supported at global batch 16 (T).")
+    (tmp_path / "practice.json").write_text(json.dumps({"thresholds": {
+        "answer": "not supported (bn holds at 8 x 4)", "global_batches": "16 to 128",
+        "judged": "8 images and 16 values", "change": 4, "table": "P"}}))
+    _, out, _ = _doctor(capsys, *at_4x2)  # doctor_change gives 4, not yet committed
+    assert out.rstrip().endswith("; table-practice finds them not supported (bn holds at 8 x 4) "
+                                 "at global batches 16 to 128; by its rule doctor_change "
+                                 "MIN_IMAGES moves to 4 (P).")
+    monkeypatch.setattr(caveats, "MIN_IMAGES", 4)  # as after the commit that makes the change
+    assert caveats.thresholds_judged().endswith(
+        "; table-practice finds 8 images and 16 values not supported (bn holds at 8 x 4) at "
+        "global batches 16 to 128; by its rule doctor_change MIN_IMAGES is now 4 (P)")
 
 
 FACTORY = '''

@@ -81,7 +81,8 @@ def fixes(cells: list[CellResult]) -> dict[str, list[CellResult]]:
 def choose(cells: list[CellResult], rules: Rules) -> dict:
     """One fix's choice: {state, cell, why, edge}. state: "chosen", "undecided" (a cell lacks
     a seed), "needs a rate" (the choice sits on its ladder's edge: `edge` is the rate to add)
-    or "no candidate" (every cell diverged)."""
+    or "no candidate" (every cell diverged). A chosen one also has `beyond`: where it stays on
+    its ladder's edge after the rule's one added rate, the next rate out, else None."""
     waiting = [c for c in cells if len(c.runs) < c.expected]
     if waiting:
         return {"state": "undecided", "cell": None, "edge": None,
@@ -116,10 +117,12 @@ def choose(cells: list[CellResult], rules: Rules) -> dict:
     if edge is not None:
         return {"state": "needs a rate", "cell": pick, "edge": edge,
                 "why": why + f"; it lies on its ladder's edge, so the rule adds lr {edge:g}"}
+    beyond = None  # still on the edge after the rate the rule added: the next rate out
     if extended and len(rates) > 1 and lr in (rates[0], rates[-1]):
+        beyond = lr / rules.edge_factor if lr == rates[0] else lr * rules.edge_factor
         why += ("; still on its ladder's edge after the rate the rule added (the rule adds one "
                 "once), so a rate beyond it might do better")
-    return {"state": "chosen", "cell": pick, "edge": None, "why": why}
+    return {"state": "chosen", "cell": pick, "edge": None, "beyond": beyond, "why": why}
 
 
 def choices(cells: list[CellResult], rules: Rules) -> dict[str, dict]:

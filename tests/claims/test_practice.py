@@ -114,6 +114,22 @@ def test_groupnorm_is_flat_where_every_gap_to_its_own_16_stays_in_the_seeds_nois
     assert verdict == "drops" and each[2][1] == "drops" and each[8][1] == "flat"
 
 
+def test_a_norm_higher_at_fewer_images_per_rank_counts_as_flat_and_the_page_says_so(
+        spec, tmp_path):
+    """Rule `flat` bounds a loss only: gnws 2 points higher at 8 x 2 than at its own 8 x 16 is
+    flat, and the page names that gain beside the steps each run took."""
+    cells = swap(made_up(), cell("gnws", 2, [81.0, 81.6, 80.9]))
+    verdict, each = practice.flatness(cells, "gnws")
+    assert verdict == "flat" and each[2][0]["gap"] == pytest.approx(-2.0)
+    md = practice.render(practice.Practice(RunsData(spec, cells, "cifar10-5085", tmp_path,
+                                                    tmp_path)))
+    assert ("Higher than at its own 8 x 16: GroupNorm + WS at 8 x 2, -2.0 (-2.0 to -2.0). Rule "
+            "flat bounds a loss only, so a gain counts as flat; a run takes 1,200 optimizer "
+            "steps at 8 x 16, 1,200 optimizer steps at 8 x 8") in md
+    assert "Higher than at its own" not in practice.render(practice.Practice(RunsData(
+        spec, made_up(), "cifar10-5085", tmp_path, tmp_path)))
+
+
 def test_each_fix_at_8x2_gets_table_recovers_state_and_its_share_of_bns_loss():
     cells = made_up()
     sync = practice.fix_at_two(cells, practice.find(cells, "syncbn4", 2))
@@ -181,15 +197,44 @@ def test_the_best_fix_is_the_best_state_first_and_version_3s_reading_is_on_the_p
         in practice.before_v4(dg)  # version 3 read a share where bn diverged
 
 
+def test_the_page_says_what_the_pilot_left_unsettled(monkeypatch):
+    """A length no doubling settled and a rate still on its ladder's edge, as the pilot's
+    choices give them; nothing where each is plainly chosen."""
+    from bnlab.claims import practicepilot
+
+    gn, gnws = cell("gn", 2, [50.0] * 3), cell("gnws", 2, [60.0] * 3)
+    picks = {"length": {"state": "not settled", "length": 120, "why": "the longest tried"},
+             "gn": {"state": "chosen", "cell": gn, "beyond": None},
+             "gnws": {"state": "chosen", "cell": gnws, "beyond": 0.4},
+             "evonorm": {"state": "chosen", "cell": gn, "beyond": None}}
+    monkeypatch.setattr(practice.table, "runs_data", lambda ctx: None)
+    monkeypatch.setattr(practicepilot, "choices", lambda d: picks)
+    ctx = practice.table.Context(practice.TABLE)
+    assert practice.pilot_caveats(ctx) == (
+        "the length is not settled (the longest tried), so the reference may not have reached "
+        "its plateau", "gnws's rate, 0.1 at global batch 128, stays on its ladder's edge, so a "
+        "rate of 0.4 might do better")
+    picks["length"]["state"], picks["gnws"]["beyond"] = "chosen", None
+    assert practice.pilot_caveats(ctx) == ()
+
+
 def test_the_page_and_figure_build_from_runs_and_before_any(spec, tmp_path):
-    d = practice.Practice(RunsData(spec, made_up(), "cifar10-5085", tmp_path, tmp_path))
+    d = practice.Practice(RunsData(spec, made_up(), "cifar10-5085", tmp_path, tmp_path),
+                          pilot=("the length is not settled",))
     md = practice.render(d)
-    assert "+10.0 (" in md and "breaks" in md and "gap to its own 8 x 16 (flat)" in md
+    assert ("| bn: gap to bn at 8 x 16 | reference | +0.4 (-0.3 to 1.1), holds | +3.0 (2.3 to "
+            "3.7), breaks | +10.0 (9.3 to 10.7), breaks |") in md
+    assert "gap to its own 8 x 16 (flat)" in md
     assert ("\n\nFrom 8 x 16 to 8 x 2 (global batch 128 to 16, 30 epochs), BN holds at 8, "
             "breaks at 4 and 2 images per rank; GroupNorm is flat and GroupNorm+WS drops (flat: "
-            "every gap within the seeds' noise of its own 8 x 16).") in md  # the line across
-    assert "| bn's loss at 2 images per rank (against 16 here, 32 there) | 10.0 | 11.1 |" in md
-    assert "| gn's gap to bn at 16 images per rank | 2.0 | 0.5 |" in md
+            "at every per-rank batch less than 2 points under its own 8 x 16, the interval's "
+            "upper end under 4; a gain counts as flat).") in md  # the line across
+    assert ("| bn's loss at 2 images per rank (against 16 here, 32 there) | +10.0 (9.3 to "
+            "10.7) | 11.1 |") in md
+    assert "| gn's gap to bn at 16 images per rank | +2.0 (1.8 to 2.2) | 0.5 |" in md
+    assert "CIFAR-10 subset (5,085 training images) at the end" in md  # the tag's count
+    assert ("From its pilot ([table-practicepilot](../practicepilot/table.md), on held-out "
+            "training images): the length is not settled.") in md
     for t in ("recover", "converge", "batch"):  # the earlier protocol, one click from finding 2
         assert f"[table-{t}](../{t}/table.md)" in md
     assert "| 8 x 16 | +2.0 (1.8 to 2.2) | +1.0 (1.0 to 1.0) |" in md  # gn at twice the length
@@ -212,8 +257,43 @@ def test_the_doctors_thresholds_are_judged_on_bns_cells_below_the_reference():
     late = practice.doctor_judgment(made_up((0.4, 0.4, 10.0)))  # holds at 4: flagged there
     assert late["answer"].startswith("not supported (bn holds at 8 x 4") and late["change"] == 4
     waiting = [c for c in made_up() if c.cell.label != "bn 8x4"] + [cell("bn", 4, [77.0, 78.3])]
-    assert practice.doctor_judgment(waiting)["answer"] == "undecided"  # a seed still to come
-    assert practice.doctor_judgment(swap(made_up(), WIDE))["answer"] == "undecided"  # unclear
+    j = practice.doctor_judgment(waiting)  # a seed still to come
+    assert (j["answer"], j["ended"]) == ("undecided", False)
+    j = practice.doctor_judgment(swap(made_up(), WIDE))  # every seed ended, bn unclear at 8
+    assert (j["answer"], j["ended"]) == ("undecided (bn unclear at 8 x 8)", True)
+
+
+@pytest.mark.parametrize("lost_at, then", [
+    ((0.4, 3.0, 10.0), "The thresholds: **supported**. The thresholds stay."),
+    ((3.0, 3.0, 10.0), "bn holds at no per-rank batch below 16, so doctor_change has no batch"),
+    ((3.0, 0.4, 10.0), "bn's breaking and holding per-rank batches do not separate, so by "
+                       "doctor_change the thresholds stay"),
+    ((0.4, 0.4, 10.0), "By doctor_change, MIN_IMAGES becomes 4 (the smallest per-rank batch"),
+])
+def test_the_page_says_what_doctor_change_gives_in_each_case(lost_at, then):
+    md = "\n".join(practice.doctor_lines(made_up(lost_at)))
+    assert then in md and "bnlab's thresholds are now" not in md  # bnlab's are still 8 and 16
+    assert "| bn cell | images per rank | values per channel per rank | bn's state |" in md
+    waiting = "\n".join(practice.doctor_lines(made_up()[:3]))
+    assert "The thresholds: **undecided**. The thresholds stay until every bn cell has its " \
+           "seeds." in waiting
+    unclear = "\n".join(practice.doctor_lines(swap(made_up(), WIDE)))
+    assert "**undecided (bn unclear at 8 x 8)**. The rule leaves them undecided" in unclear
+
+
+def test_once_doctor_change_has_moved_min_images_the_judgment_reads_as_it_did(monkeypatch):
+    """The rule judges the thresholds it was written against (8 images, 16 values): after the
+    commit that moves MIN_IMAGES to 4, the page still says what it found of 8 and that the
+    change was made, and adds the answer at bnlab's thresholds now."""
+    late = made_up((0.4, 0.4, 10.0))  # holds at 8 and 4, breaks at 2
+    before = "\n".join(practice.doctor_lines(late))
+    monkeypatch.setattr(practice.doctor, "MIN_IMAGES", 4)
+    j = practice.doctor_judgment(late)
+    assert j["answer"].startswith("not supported (bn holds at 8 x 4") and j["change"] == 4
+    md = "\n".join(practice.doctor_lines(late))
+    assert md != before and "By doctor_change, MIN_IMAGES became 4" in md
+    assert md.rstrip().endswith("bnlab's thresholds are now 4 images and 16 values "
+                                "(bnlab/defaults.py); at those: **supported**.")
 
 
 def test_the_advice_row_has_every_fix_at_8x2_in_table_recovers_form(spec, tmp_path):
@@ -229,6 +309,13 @@ def test_the_advice_row_has_every_fix_at_8x2_in_table_recovers_form(spec, tmp_pa
     assert got["fixes"] == json.loads(json.dumps(row["fixes"]))
     assert got["thresholds"]["answer"] == "supported"
     assert got["thresholds"]["global_batches"] == "16 to 128"
+    assert got["thresholds"]["judged"] == "8 images and 16 values"
+    assert got["thresholds"]["change"] is None
+    unclear = practice.Practice(RunsData(spec, swap(made_up(), WIDE), "cifar10-5085", tmp_path,
+                                         tmp_path))
+    practice.advice(unclear, tmp_path)  # every bn cell ended: the doctor reads the undecided
+    got = json.loads((tmp_path / "practice.json").read_text())
+    assert got["thresholds"]["answer"] == "undecided (bn unclear at 8 x 8)"
     waiting = practice.Practice(RunsData(spec, made_up()[:3], "cifar10-5085", tmp_path,
                                          tmp_path))
     assert practice.advice_row(waiting) is None
@@ -248,8 +335,8 @@ def test_its_finding_tells_finding_2_once_the_8x2_cells_have_their_seeds(spec, t
     shown = re.sub(r"\]\([^)]*\)", "]", top.line())  # as the README shows it
     assert len(top.text.split()) <= 40  # one sentence, as tests/test_layout.py counts it
     assert len(f"2. {shown}".split()) <= 45  # the words issue: 45 for each line
-    assert practice.title(d) == ("BN breaks at 4 and 2 images per rank; GroupNorm is flat "
-                                 "(ours, beside Wu and He's)")  # the figure says what it found
+    assert practice.title(d) == ("BN breaks at 4 and 2 images per rank; GroupNorm is flat, "
+                                 "GroupNorm+WS drops (ours, beside Wu and He's)")  # its finding
     holds = practice.Practice(RunsData(spec, made_up((0.4, 0.4, 0.4)), "cifar10-5085", tmp_path,
                                        tmp_path))  # BN holds at 8 x 2: no fix to name
     assert practice.finding(holds)[0].text == (

@@ -63,6 +63,7 @@ def test_a_choice_on_the_ladders_edge_asks_for_one_rate_more_once(tmp_path):
     pick = choose.choose(cells, RULES)
     assert pick["state"] == "chosen" and pick["cell"] is cells[-1]  # on the edge again: once
     assert "still on its ladder's edge after the rate the rule added" in pick["why"]
+    assert pick["beyond"] == pytest.approx(0.256)  # the next rate out, for the page that uses it
 
 
 def test_the_rule_waits_for_every_seed_and_drops_a_diverged_cell(tmp_path):

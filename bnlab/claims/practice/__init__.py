@@ -15,7 +15,8 @@ bnlab/measured/published.json) beside ours for the shape. Writes experiments/pra
 spec.py writes the spec from the pilot's choices; cells.py measures the cells; doctor.py judges
 the doctor's thresholds and writes what the doctor reads; words.py writes the README's finding
 2 once the 8 x 2 cells have their seeds (table-recover's and table-converge's findings then
-leave the README, linked under it); this file writes the page and the figure.
+leave the README: table-recover's line on another input stays under it, and this page links
+all three earlier tables); this file writes the page and the figure.
 """
 
 from __future__ import annotations
@@ -107,14 +108,15 @@ def render(data: Practice) -> str:
               steps_of(c), fmt(np.mean(losses) if (losses := final_losses(c)) else None, 3)]
              for c in cells]
     return table.runs_page(d, "\n".join([
-        "Test accuracy of resnet20 on the CIFAR-10 subset (5,085 training images, 1,017 test) "
-        "at the end of training (the mean over the evaluations of its last tenth), mean over "
-        "3 seeds with its 95% t interval; gaps are paired on the seed (positive: accuracy "
-        "lost).", "", EARLIER, "",
+        f"Test accuracy of resnet20 on the CIFAR-10 subset ({images(d)}) at the end of "
+        "training (the mean over the evaluations of its last tenth), mean over "
+        f"{RULES['min_seeds']} seeds with its 95% t interval; gaps are paired on the seed "
+        "(positive: accuracy lost).", "", *pilot_lines(data), EARLIER, "",
         "## BN and GroupNorm by images per rank (8 ranks)", "",
         *([said, ""] if (said := across(data)) else []),  # once every batch is judged
         page.md_table(["", *[f"8 x {b}" for b in BATCHES]], rows), "",
         page.md_table(["gap (points)", *[f"8 x {b}" for b in BATCHES]], grows), "",
+        *gains_lines(cells),
         "## Each fix at 8 x 2 (global batch 16)", "",
         "Against bn at 8 x 16 (the reference) and bn at 8 x 2, table-recover's states; the share "
         "of bn's loss is the fix's gain over bn at 8 x 2 divided by bn's gap, with a bootstrap "
@@ -139,6 +141,41 @@ EARLIER = ("Asked before on smaller runs: [table-recover](../recover/table.md) (
            "torchvision resnet18 at 32 px, 5 epochs).")
 
 
+def gains_lines(cells: list[CellResult]) -> list[str]:
+    """Where gn or gnws ends clearly higher at fewer images per rank than at its own 8 x 16
+    (the interval below 0): rule `flat` bounds a loss only, so that counts as flat; said with
+    the optimizer steps each run took."""
+    got = [f"{NAMES[f]} at 8 x {b}, {gap_cell(g)}" for f in ("gn", "gnws")
+           for b, (g, _) in flatness(cells, f)[1].items()
+           if g is not None and g["hi"] is not None and g["hi"] < 0]
+    if not got:
+        return []
+    ref = find(cells, "bn", BATCHES[0])
+    steps = {b: n for b in BATCHES if (c := find(cells, "bn", b)) is not None
+             and (n := steps_of(c)) != "-"}
+    return [f"Higher than at its own 8 x 16: {'; '.join(got)}. Rule flat bounds a loss only, so "
+            "a gain counts as flat; a run takes "
+            f"{', '.join(f'{n} optimizer steps at 8 x {b}' for b, n in steps.items())} "
+            f"({ref.epochs if ref else '-'} epochs each).", ""]
+
+
+def images(d: table.RunsData) -> str:
+    """'5,085 training images, 1,017 test': the data tag's count, and the test labels one run
+    saved (predictions.jsonl)."""
+    said = f"{int(d.tag.rsplit('-', 1)[-1]):,} training images"
+    got = next((r.predictions for c in d.cells for r in c.runs if r.predictions), None)
+    return said + (f", {len(got[0]):,} test" if got else "")
+
+
+def pilot_lines(data: Practice) -> list[str]:
+    """What the pilot said of a choice it gave that is not plainly settled, read where it
+    is: a length no doubling settled, a rate still on its ladder's edge."""
+    if not data.pilot:
+        return []
+    return [f"From its pilot ([table-practicepilot](../practicepilot/table.md), on held-out "
+            f"training images): {'; '.join(data.pilot)}.", ""]
+
+
 def steps_of(c: CellResult) -> str:
     n = [r.info.get("steps_per_epoch") for r in c.runs if r.info.get("steps_per_epoch")]
     return f"{n[0] * c.epochs:,}" if n else "-"
@@ -159,17 +196,16 @@ def longer_lines(cells: list[CellResult]) -> list[str]:
 def published_lines(cells: list[CellResult]) -> list[str]:
     bn = bn_states(cells)[2][0]
     g16 = gap(find(cells, "gn", 16), find(cells, "bn", 16))
-    ours = ["-" if bn is None else f"{bn['gap']:.1f}", "-" if g16 is None else
-            f"{g16['gap']:.1f}"]
+    err, at = PUBLISHED["error"], PUBLISHED["images_per_rank"]
     return ["## Beside Wu and He's published curve (shown, not ruled)", "",
             f"Published: {PUBLISHED['source']}, top-1 error by images per GPU; the shape is "
-            "compared, not the numbers (ImageNet, ResNet-50, 90 epochs there; 5,085 CIFAR-10 "
-            "images, resnet20 here).", "",
-            page.md_table(["", "ours (points)", "Wu and He (points)"], [
-                ["bn's loss at 2 images per rank (against 16 here, 32 there)", ours[0],
-                 f"{published_gap('bn', 2):.1f}"],
-                ["gn's gap to bn at 16 images per rank", ours[1],
-                 f"{PUBLISHED['error']['gn'][1] - PUBLISHED['error']['bn'][1]:.1f}"]]), ""]
+            f"compared, not the numbers ({PUBLISHED['model']} on {PUBLISHED['dataset']} "
+            "there, resnet20 on the CIFAR-10 subset here).", "",
+            page.md_table(["", "ours (points, 95% CI)", "Wu and He (points)"], [
+                ["bn's loss at 2 images per rank (against 16 here, 32 there)",
+                 "-" if bn is None else gap_cell(bn), f"{published_gap('bn', 2):.1f}"],
+                ["gn's gap to bn at 16 images per rank", "-" if g16 is None else gap_cell(g16),
+                 f"{err['gn'][at.index(16)] - err['bn'][at.index(16)]:.1f}"]]), ""]
 
 
 def rules_lines(data: Practice) -> list[str]:
@@ -213,10 +249,10 @@ def plot(data: Practice, path: Path) -> None:
     theirs.set(title="published: Wu and He 2018, ResNet-50, ImageNet",
                xlabel="images per GPU (8 GPUs)", ylabel="top-1 error (%)")
     shown = False
-    for i, f in enumerate(("bn", "gn")):
+    for i, f in enumerate(NORMS):
         for j, b in enumerate(BATCHES):
             c = find(cells, f, b)
-            if c is None or not c.runs:
+            if c is None or not table.complete(c):  # as the panel beside it: every seed
                 continue
             x, m, _, _ = c.mean_series("val/acc")
             spe = c.runs[0].info.get("steps_per_epoch")
@@ -225,7 +261,7 @@ def plot(data: Practice, path: Path) -> None:
                 steps.plot([e * spe for e in x], m, color=f"C{i}", alpha=1 - 0.2 * j, lw=1,
                            label=f"{f} 8 x {b}")
     if shown:
-        steps.legend(fontsize=6, ncol=2)
+        steps.legend(fontsize=6, ncol=3)
     else:
         nothing_yet(steps, "runs still to come")
     steps.set_xscale("log")
@@ -242,9 +278,9 @@ def plot(data: Practice, path: Path) -> None:
 
 
 def title(data: Practice) -> str:
-    """The figure's message: where BN breaks and whether GroupNorm stays flat, once both are
-    judged at every per-rank batch (states only: what the rules gave); until then what it
-    shows."""
+    """The figure's message: where BN breaks and whether GroupNorm and GroupNorm+WS stay flat,
+    once all are judged at every per-rank batch (states only: what the rules gave); until then
+    what it shows."""
     said = across(data) if data.runs is not None else ""
     if not said:
         return "BN and GroupNorm by images per rank: ours beside Wu and He's (runs to come)"
@@ -254,7 +290,8 @@ def title(data: Practice) -> str:
     bn = (f"BN breaks at {page.listed(breaks)} images per rank" if breaks else
           "BN holds at every per-rank batch" if set(states.values()) == {"holds"} else
           "BN's break is unclear")
-    return f"{bn}; GroupNorm {IS[flatness(cells, 'gn')[0]]} (ours, beside Wu and He's)"
+    return (f"{bn}; GroupNorm {IS[flatness(cells, 'gn')[0]]}, GroupNorm+WS "
+            f"{IS[flatness(cells, 'gnws')[0]]} (ours, beside Wu and He's)")
 
 
 def verdicts(data: Practice) -> list[Verdict]:

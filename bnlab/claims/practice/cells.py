@@ -4,21 +4,29 @@ whether GroupNorm stays flat, and each fix at 8 x 2 in table-recover's states.""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from bnlab.claims.practice.spec import BATCHES, RULES
+from bnlab.claims.practice.spec import BATCHES, RULES, pilot_caveats
 from bnlab.claims.recover.cells import state as fix_state
 from bnlab.lab import analysis, judge, table
 from bnlab.lab.results import CellResult
 
-Practice = table.Pending  # its runs once its spec exists, else why it waits
+
+@dataclass
+class Practice(table.Pending):
+    """Its runs once its spec exists (else why it waits), and what its pilot says of a choice
+    it gave that is not plainly settled (spec.pilot_caveats)."""
+
+    pilot: tuple[str, ...] = ()
 
 
 def load(ctx: table.Context) -> Practice:
-    return table.pending(ctx, "its spec is written from table-practicepilot's choices once the "
-                         "length and every batch-free fix's rate are chosen (`python -m "
-                         "bnlab.claims practice-spec`)")
+    got = table.pending(ctx, "its spec is written from table-practicepilot's choices once the "
+                        "length and every batch-free fix's rate are chosen (`python -m "
+                        "bnlab.claims practice-spec`)")
+    return Practice(got.runs, got.waiting, pilot_caveats(ctx) if got.runs else ())
 
 
 def find(cells: list[CellResult], fix: str, b: int, longer: bool = False) -> CellResult | None:

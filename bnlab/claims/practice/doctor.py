@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bnlab.claims.practice.cells import Practice, bn_states, find, fix_at_two
-from bnlab.claims.practice.spec import BATCHES, NAMES, RANKS
+from bnlab.claims.practice.spec import BATCHES, JUDGED, NAMES, RANKS
 from bnlab.claims.recover.cells import best_of, entry, fewest_values
 from bnlab.doctor import MIN_IMAGES, MIN_VALUES, at_risk
 from bnlab.lab import page, table
@@ -16,44 +16,56 @@ from bnlab.lab.results import CellResult
 WHERE = f"{RANKS} ranks x 2 on resnet20 (CIFAR-10)"
 
 
-def doctor_judgment(cells: list[CellResult]) -> dict:
-    """The doctor's thresholds on bn's cells at 8, 4 and 2 images per rank (rules `doctor`):
-    {answer, rows: [{per_rank, values, state, flagged}], change}; `change` is what
-    `doctor_change` gives (a new MIN_IMAGES, or None where the thresholds stay)."""
+def doctor_judgment(cells: list[CellResult], thresholds: tuple[int, int] = JUDGED) -> dict:
+    """The doctor's thresholds (images, values; those rule `doctor` judges unless said) on bn's
+    cells at 8, 4 and 2 images per rank: {answer, rows: [{per_rank, values, state, flagged}],
+    ended, change}. `ended`: every cell has its seeds (an unclear one leaves the answer
+    undecided, naming it); `change` is what `doctor_change` gives (a new MIN_IMAGES, or None
+    where the thresholds stay)."""
     states = bn_states(cells)
+    images, values = thresholds
     rows = []
     for b in BATCHES[1:]:
         v = fewest_values(find(cells, "bn", b))
         rows.append({"per_rank": b, "values": v, "state": states[b][1],
-                     "flagged": None if v is None else at_risk(b, v)})
-    if any(r["state"] not in ("breaks", "holds") or r["flagged"] is None for r in rows):
-        return {"answer": "undecided", "rows": rows, "change": None}
+                     "flagged": None if v is None else at_risk(b, v, values, images)})
+    if any(r["state"] == "to come" or r["flagged"] is None for r in rows):
+        return {"answer": "undecided", "rows": rows, "ended": False, "change": None}
+    unclear = [f"{RANKS} x {r['per_rank']}" for r in rows if r["state"] == "unclear"]
+    if unclear:
+        return {"answer": f"undecided (bn unclear at {page.listed(unclear)})", "rows": rows,
+                "ended": True, "change": None}
     wrong = [r for r in rows if r["flagged"] != (r["state"] == "breaks")]
     if not wrong:
-        return {"answer": "supported", "rows": rows, "change": None}
+        return {"answer": "supported", "rows": rows, "ended": True, "change": None}
     named = "; ".join(f"bn {r['state']} at {RANKS} x {r['per_rank']} ({r['per_rank']} images, "
                       f"{r['values']} values), which the doctor "
                       f"{'flags' if r['flagged'] else 'passes'}" for r in wrong)
     breaking = [r["per_rank"] for r in rows if r["state"] == "breaks"]
     holding = [r["per_rank"] for r in rows if r["state"] == "holds"]
     separate = bool(holding) and (not breaking or max(breaking) < min(holding))
-    return {"answer": f"not supported ({named})", "rows": rows,
+    return {"answer": f"not supported ({named})", "rows": rows, "ended": True,
             "change": min(holding) if separate else None}
 
 
 def doctor_lines(cells: list[CellResult]) -> list[str]:
-    """The page's section on the doctor's thresholds: each bn cell flagged or passed, the
-    answer, and what `doctor_change` gives."""
+    """The page's section on the doctor's thresholds: each bn cell flagged or passed at the
+    thresholds the rule judges, the answer, what `doctor_change` gives, and the answer at
+    bnlab's thresholds now where that change has moved them."""
     j = doctor_judgment(cells)
     rows = [[f"{RANKS} x {r['per_rank']}", str(r["per_rank"]),
              "-" if r["values"] is None else str(r["values"]), r["state"],
              "-" if r["flagged"] is None else "flagged" if r["flagged"] else "passed"]
             for r in j["rows"]]
-    if j["answer"] == "undecided":
-        then = "The thresholds stay until every bn cell has its state."
+    moved = (MIN_IMAGES, MIN_VALUES) != JUDGED
+    if not j["ended"]:
+        then = "The thresholds stay until every bn cell has its seeds."
+    elif j["answer"].startswith("undecided"):
+        then = "The rule leaves them undecided where a bn cell is unclear: the thresholds stay."
     elif j["change"] is not None:
-        then = (f"By doctor_change, MIN_IMAGES becomes {j['change']} (the smallest per-rank "
-                "batch at which bn holds), in its own commit that names that rule.")
+        done = "became" if j["change"] == MIN_IMAGES else "becomes"
+        then = (f"By doctor_change, MIN_IMAGES {done} {j['change']} (the smallest per-rank batch "
+                "at which bn holds), in its own commit that names that rule.")
     elif j["answer"] == "supported":
         then = "The thresholds stay."
     elif not any(r["state"] == "holds" for r in j["rows"]):
@@ -64,12 +76,17 @@ def doctor_lines(cells: list[CellResult]) -> list[str]:
         then = ("bn's breaking and holding per-rank batches do not separate, so by "
                 "doctor_change the thresholds stay, and the doctor says they are not supported "
                 "here.")
+    now = ([f"bnlab's thresholds are now {MIN_IMAGES} images and {MIN_VALUES} values "
+            "(bnlab/defaults.py); at those: "
+            f"**{doctor_judgment(cells, (MIN_IMAGES, MIN_VALUES))['answer']}**.", ""]
+           if moved else [])
     return ["## The doctor's thresholds against bn's curve", "",
-            f"bnlab's doctor flags a BN layer below {MIN_IMAGES} images or {MIN_VALUES} values "
-            "per channel per rank (rules: doctor). Here, at resnet20's smallest BN layer:", "",
-            page.md_table(["bn", "images per rank", "values per channel per rank", "bn",
-                           "the doctor"], rows), "",
-            f"The thresholds: **{j['answer']}**. {then}", ""]
+            f"bnlab's doctor flagged a BN layer below {JUDGED[0]} images or {JUDGED[1]} values "
+            "per channel per rank when its rule was written (rules: doctor), the thresholds "
+            "judged here, at resnet20's smallest BN layer:", "",
+            page.md_table(["bn cell", "images per rank", "values per channel per rank",
+                           "bn's state", "the doctor"], rows), "",
+            f"The thresholds: **{j['answer']}**. {then}", "", *now]
 
 
 def advice_row(data: Practice, v3: bool = False) -> dict | None:
@@ -94,16 +111,17 @@ def advice_row(data: Practice, v3: bool = False) -> dict | None:
 
 
 def advice(data: Practice, out: Path) -> None:
-    """practice.json for the doctor (bnlab.advice): the advice row once its cells have their
-    seeds, and what this table finds of the thresholds once bn's cells are judged; removed
-    while it has neither."""
+    """practice.json for the doctor (bnlab.advice, bnlab.caveats): the advice row once its cells
+    have their seeds, and what this table finds of the thresholds (and what doctor_change gives)
+    once bn's cells have theirs; removed while it has neither."""
     path = table.measured_path(out, "practice", "practice.json")
     row = advice_row(data)
-    j = doctor_judgment(data.runs.cells) if data.runs is not None else {"answer": "undecided"}
+    j = doctor_judgment(data.runs.cells) if data.runs is not None else {"ended": False}
     got = {**(row or {}), **({"thresholds": {
         "answer": j["answer"], "global_batches": f"{2 * RANKS} to {BATCHES[0] * RANKS}",
+        "judged": f"{JUDGED[0]} images and {JUDGED[1]} values", "change": j["change"],
         "table": "make table-practice: experiments/practice/table.md in bnlab's repository"}}
-        if j["answer"] != "undecided" else {})}
+        if j["ended"] else {})}
     if not got:
         path.unlink(missing_ok=True)
     else:

@@ -23,6 +23,10 @@ FREE = ("gn", "gnws", "evonorm")  # their rates come from the pilot
 NAMES = {"bn": "BN", "gn": "GroupNorm", "gnws": "GroupNorm + WS", "syncbn4": "SyncBN in groups "
          "of 4 ranks", "frozen_bn": "frozen BN", "brn": "Batch Renorm",
          "precise": "BN + PreciseBN before each evaluation", "evonorm": "EvoNorm-S0"}
+# the doctor's thresholds as they stood when rule `doctor` was written (version 2, a373884:
+# MIN_IMAGES, MIN_VALUES in bnlab/defaults.py): the ones it judges, kept where doctor_change
+# has since moved bnlab's, so that the judgment reads the same after the change it made
+JUDGED = (8, 16)
 BRN_RAMP = "norm.ramp_of_run={hold:0.03125,r_ramp:0.25,d_ramp:0.15625}"  # the paper's 5k/40k/25k
 # of its 160k steps
 
@@ -73,6 +77,20 @@ def pilot_choices(data: str | None = None) -> tuple[int, dict[str, float]]:
         raise BnlabError(f"the pilot has not chosen everything yet: {', '.join(open_) or 'a fix'}"
                          "; run `make table-practicepilot` until each is chosen.")
     return picks["length"]["length"], {f: picks[f]["cell"].cell.meta["lr"] for f in FREE}
+
+
+def pilot_caveats(ctx: table.Context) -> tuple[str, ...]:
+    """What the pilot's held-out runs say of a choice they gave that is not plainly settled: a
+    length that no doubling settled (the longest tried is used), a rate still on its ladder's
+    edge after the rate its rule added."""
+    picks = practicepilot.choices(table.runs_data(table.Context(
+        practicepilot.TABLE, runs=ctx.runs, tag=ctx.tag, data=ctx.data)))
+    n = picks["length"]
+    said = [f"the length is not settled ({n['why']}), so the reference may not have reached "
+            "its plateau"] if n["state"] == "not settled" else []
+    return (*said, *(f"{f}'s rate, {p['cell'].cell.meta['lr']:g} at global batch 128, stays on "
+                     f"its ladder's edge, so a rate of {p['beyond']:g} might do better"
+                     for f in FREE if (p := picks.get(f, {})).get("beyond") is not None))
 
 
 HEADER = [

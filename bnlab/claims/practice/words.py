@@ -28,7 +28,7 @@ SHORT = {**recover.SHORT, "syncbn4": "SyncBN in 4-rank groups", "precise": "Prec
 def finding(data: Practice) -> list[Finding]:
     """Finding 2 from this table: at 8 x 2, whether BN breaks (its gap to 8 x 16 with its
     interval) and the best fix and the best without per-step communication with their states.
-    None until the advice row exists. BN's and GroupNorm's states across per-rank batches are
+    [] until the advice row exists. BN's and GroupNorm's states across per-rank batches are
     the figure's title, shown beside it."""
     row = advice_row(data)
     if row is None:
@@ -64,4 +64,6 @@ def across(data: Practice) -> str:
     return (f"From {RANKS} x {BATCHES[0]} to {RANKS} x 2 (global batch {BATCHES[0] * RANKS} to "
             f"{2 * RANKS}, {epochs} epochs), BN {', '.join(said)} "
             f"images per rank; GroupNorm {IS[flat['gn']]} and GroupNorm+WS {IS[flat['gnws']]} "
-            f"(flat: every gap within the seeds' noise of its own {RANKS} x {BATCHES[0]}).")
+            f"(flat: at every per-rank batch less than {RULES['flat_gap']:g} points under its "
+            f"own {RANKS} x {BATCHES[0]}, the interval's upper end under "
+            f"{RULES['flat_interval']:g}; a gain counts as flat).")
