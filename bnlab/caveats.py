@@ -66,7 +66,9 @@ def _them(practice: dict) -> str:
     """'them' where table-practice judged bnlab's thresholds as they are; the ones it judged
     where its rule doctor_change has since moved them."""
     judged = practice.get("judged")
-    return "them" if judged in (None, f"{MIN_IMAGES} images and {MIN_VALUES} values") else judged
+    if not isinstance(judged, dict) or judged == {"images": MIN_IMAGES, "values": MIN_VALUES}:
+        return "them"
+    return f"{judged['images']} images and {judged['values']} values"
 
 
 def _moved(practice: dict) -> str:

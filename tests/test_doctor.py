@@ -94,8 +94,10 @@ def test_the_thresholds_line_says_what_table_values_found_or_that_none_judged_th
                                  "batch 8; supported at global batch 16 (T).")
     (tmp_path / "practice.json").write_text(json.dumps({"thresholds": {
         "answer": "not supported (bn holds at 8 x 4)", "global_batches": "16 to 128",
-        "judged": "8 images and 16 values", "change": 4, "table": "P"}}))
-    _, out, _ = _doctor(capsys, *at_4x2)  # doctor_change gives 4, not yet committed
+        "judged": {"images": 8, "values": 16}, "change": 4, "table": "P"}}))
+    monkeypatch.setattr(caveats, "MIN_IMAGES", 8)  # doctor_change gives 4, not yet committed
+    monkeypatch.setattr(caveats, "MIN_VALUES", 16)
+    _, out, _ = _doctor(capsys, *at_4x2)
     assert out.rstrip().endswith("; table-practice finds them not supported (bn holds at 8 x 4) "
                                  "at global batches 16 to 128; by its rule doctor_change "
                                  "MIN_IMAGES moves to 4 (P).")

@@ -84,9 +84,7 @@ def render(d: RunsData) -> str:
         lines += [f"## {model}, 4 ranks x 2 images, lr {lr:g} constant", "",
                   page.md_table(COLUMNS, [row(c) for c in cells]), "",
                   separation(d, model), ""]
-    n = next((len(c.runs[0].predictions[0]) for c in d.cells if c.runs
-              and c.runs[0].predictions), None)
-    lines += [NOTE.format(start=PLATEAU, n=n or "the"), ""]
+    lines += [NOTE.format(start=PLATEAU, n=d.tested_on or "the"), ""]
     return table.runs_page(d, "\n".join(lines))
 
 

@@ -79,10 +79,11 @@ def fixes(cells: list[CellResult]) -> dict[str, list[CellResult]]:
 
 
 def choose(cells: list[CellResult], rules: Rules) -> dict:
-    """One fix's choice: {state, cell, why, edge}. state: "chosen", "undecided" (a cell lacks
-    a seed), "needs a rate" (the choice sits on its ladder's edge: `edge` is the rate to add)
-    or "no candidate" (every cell diverged). A chosen one also has `beyond`: where it stays on
-    its ladder's edge after the rule's one added rate, the next rate out, else None."""
+    """One fix's choice: {state, cell, why, edge}, and `beyond` where chosen. state: "chosen",
+    "undecided" (a cell lacks a seed), "needs a rate" (the choice sits on its ladder's edge:
+    `edge` is the rate to add) or "no candidate" (every cell diverged). `beyond`: where the
+    choice stays on its ladder's edge after the rule's one added rate, the next rate out, else
+    None."""
     waiting = [c for c in cells if len(c.runs) < c.expected]
     if waiting:
         return {"state": "undecided", "cell": None, "edge": None,

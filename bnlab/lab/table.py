@@ -241,6 +241,18 @@ class RunsData:
     def by_label(self) -> dict[str, CellResult]:
         return {c.cell.label: c for c in self.cells}
 
+    @property
+    def trained_on(self) -> int:
+        """Training images: the data tag's count (lab.spec.data_tag: `<name>-<images>`)."""
+        return int(self.tag.rsplit("-", 1)[-1])
+
+    @property
+    def tested_on(self) -> int | None:
+        """Images in the split evaluated: the labels a run saved (predictions.jsonl); None
+        where no run saved them."""
+        return next((len(r.predictions[0]) for c in self.cells for r in c.runs
+                     if r.predictions), None)
+
 
 @dataclass
 class Pending:

@@ -108,7 +108,7 @@ def test_bn_breaks_where_its_gap_is_2_points_or_more_with_its_interval_above_0()
     assert states == {8: "holds", 4: "breaks", 2: "breaks"}
 
 
-def test_groupnorm_is_flat_where_every_gap_to_its_own_16_stays_in_the_seeds_noise():
+def test_groupnorm_is_flat_where_no_gap_to_its_own_16_reaches_a_loss_of_2_points():
     assert practice.flatness(made_up(), "gn")[0] == "flat"
     verdict, each = practice.flatness(made_up(), "gnws")
     assert verdict == "drops" and each[2][1] == "drops" and each[8][1] == "flat"
@@ -123,10 +123,10 @@ def test_a_norm_higher_at_fewer_images_per_rank_counts_as_flat_and_the_page_says
     assert verdict == "flat" and each[2][0]["gap"] == pytest.approx(-2.0)
     md = practice.render(practice.Practice(RunsData(spec, cells, "cifar10-5085", tmp_path,
                                                     tmp_path)))
-    assert ("Higher than at its own 8 x 16: GroupNorm + WS at 8 x 2, -2.0 (-2.0 to -2.0). Rule "
-            "flat bounds a loss only, so a gain counts as flat; a run takes 1,200 optimizer "
-            "steps at 8 x 16, 1,200 optimizer steps at 8 x 8") in md
-    assert "Higher than at its own" not in practice.render(practice.Practice(RunsData(
+    assert ("Ends higher than at its own 8 x 16 (a negative gap): GroupNorm + WS at 8 x 2, -2.0 "
+            "(-2.0 to -2.0). Rule flat bounds a loss only, so a gain counts as flat; a run takes "
+            "1,200 optimizer steps at 8 x 16, 1,200 optimizer steps at 8 x 8") in md
+    assert "Ends higher than at its own" not in practice.render(practice.Practice(RunsData(
         spec, made_up(), "cifar10-5085", tmp_path, tmp_path)))
 
 
@@ -203,6 +203,7 @@ def test_the_page_says_what_the_pilot_left_unsettled(monkeypatch):
     from bnlab.claims import practicepilot
 
     gn, gnws = cell("gn", 2, [50.0] * 3), cell("gnws", 2, [60.0] * 3)
+    gnws.cell.cfg["batch_per_gpu"] = 2
     picks = {"length": {"state": "not settled", "length": 120, "why": "the longest tried"},
              "gn": {"state": "chosen", "cell": gn, "beyond": None},
              "gnws": {"state": "chosen", "cell": gnws, "beyond": 0.4},
@@ -211,9 +212,10 @@ def test_the_page_says_what_the_pilot_left_unsettled(monkeypatch):
     monkeypatch.setattr(practicepilot, "choices", lambda d: picks)
     ctx = practice.table.Context(practice.TABLE)
     assert practice.pilot_caveats(ctx) == (
-        "the length is not settled (the longest tried), so the reference may not have reached "
-        "its plateau", "gnws's rate, 0.1 at global batch 128, stays on its ladder's edge, so a "
-        "rate of 0.4 might do better")
+        "the length is not settled: every doubling it tried added 1 point or "
+        "more, so 120 epochs, the longest tried, is used and the reference may not have reached "
+        "its plateau", "gnws's rate, 0.1 at global batch 128 (chosen at 8 x 2 over 30 epochs), "
+        "stays on its ladder's edge, so a rate of 0.4 might do better")
     picks["length"]["state"], picks["gnws"]["beyond"] = "chosen", None
     assert practice.pilot_caveats(ctx) == ()
 
@@ -270,10 +272,18 @@ def test_the_doctors_thresholds_are_judged_on_bns_cells_below_the_reference():
                        "doctor_change the thresholds stay"),
     ((0.4, 0.4, 10.0), "By doctor_change, MIN_IMAGES becomes 4 (the smallest per-rank batch"),
 ])
-def test_the_page_says_what_doctor_change_gives_in_each_case(lost_at, then):
+def test_the_page_says_what_doctor_change_gives_in_each_case(lost_at, then, monkeypatch):
+    monkeypatch.setattr(practice.doctor, "MIN_IMAGES", practice.JUDGED[0])  # not yet moved
+    monkeypatch.setattr(practice.doctor, "MIN_VALUES", practice.JUDGED[1])
     md = "\n".join(practice.doctor_lines(made_up(lost_at)))
-    assert then in md and "bnlab's thresholds are now" not in md  # bnlab's are still 8 and 16
+    assert then in md and "bnlab's thresholds are now" not in md
     assert "| bn cell | images per rank | values per channel per rank | bn's state |" in md
+    assert "bnlab's doctor flags a BN layer below 8 images or 16 values" in md
+
+
+def test_the_page_says_why_the_thresholds_are_undecided(monkeypatch):
+    monkeypatch.setattr(practice.doctor, "MIN_IMAGES", practice.JUDGED[0])
+    monkeypatch.setattr(practice.doctor, "MIN_VALUES", practice.JUDGED[1])
     waiting = "\n".join(practice.doctor_lines(made_up()[:3]))
     assert "The thresholds: **undecided**. The thresholds stay until every bn cell has its " \
            "seeds." in waiting
@@ -286,12 +296,15 @@ def test_once_doctor_change_has_moved_min_images_the_judgment_reads_as_it_did(mo
     commit that moves MIN_IMAGES to 4, the page still says what it found of 8 and that the
     change was made, and adds the answer at bnlab's thresholds now."""
     late = made_up((0.4, 0.4, 10.0))  # holds at 8 and 4, breaks at 2
+    monkeypatch.setattr(practice.doctor, "MIN_IMAGES", practice.JUDGED[0])
     before = "\n".join(practice.doctor_lines(late))
     monkeypatch.setattr(practice.doctor, "MIN_IMAGES", 4)
     j = practice.doctor_judgment(late)
     assert j["answer"].startswith("not supported (bn holds at 8 x 4") and j["change"] == 4
     md = "\n".join(practice.doctor_lines(late))
     assert md != before and "By doctor_change, MIN_IMAGES became 4" in md
+    assert "bnlab's doctor flagged a BN layer below 8 images or 16 values per channel per rank " \
+           "(rules: doctor) when its rule was written, the thresholds judged here." in md
     assert md.rstrip().endswith("bnlab's thresholds are now 4 images and 16 values "
                                 "(bnlab/defaults.py); at those: **supported**.")
 
@@ -309,7 +322,7 @@ def test_the_advice_row_has_every_fix_at_8x2_in_table_recovers_form(spec, tmp_pa
     assert got["fixes"] == json.loads(json.dumps(row["fixes"]))
     assert got["thresholds"]["answer"] == "supported"
     assert got["thresholds"]["global_batches"] == "16 to 128"
-    assert got["thresholds"]["judged"] == "8 images and 16 values"
+    assert got["thresholds"]["judged"] == {"images": 8, "values": 16}
     assert got["thresholds"]["change"] is None
     unclear = practice.Practice(RunsData(spec, swap(made_up(), WIDE), "cifar10-5085", tmp_path,
                                          tmp_path))

@@ -147,24 +147,22 @@ def gains_lines(cells: list[CellResult]) -> list[str]:
     the optimizer steps each run took."""
     got = [f"{NAMES[f]} at 8 x {b}, {gap_cell(g)}" for f in ("gn", "gnws")
            for b, (g, _) in flatness(cells, f)[1].items()
-           if g is not None and g["hi"] is not None and g["hi"] < 0]
+           if g is not None and not g["lost"] and g["hi"] is not None and g["hi"] < 0]
     if not got:
         return []
     ref = find(cells, "bn", BATCHES[0])
     steps = {b: n for b in BATCHES if (c := find(cells, "bn", b)) is not None
              and (n := steps_of(c)) != "-"}
-    return [f"Higher than at its own 8 x 16: {'; '.join(got)}. Rule flat bounds a loss only, so "
-            "a gain counts as flat; a run takes "
+    return [f"Ends higher than at its own 8 x 16 (a negative gap): {'; '.join(got)}. Rule flat "
+            "bounds a loss only, so a gain counts as flat; a run takes "
             f"{', '.join(f'{n} optimizer steps at 8 x {b}' for b, n in steps.items())} "
             f"({ref.epochs if ref else '-'} epochs each).", ""]
 
 
 def images(d: table.RunsData) -> str:
-    """'5,085 training images, 1,017 test': the data tag's count, and the test labels one run
-    saved (predictions.jsonl)."""
-    said = f"{int(d.tag.rsplit('-', 1)[-1]):,} training images"
-    got = next((r.predictions for c in d.cells for r in c.runs if r.predictions), None)
-    return said + (f", {len(got[0]):,} test" if got else "")
+    """'5,085 training images, 1,017 test'."""
+    n = d.tested_on
+    return f"{d.trained_on:,} training images" + (f", {n:,} test" if n else "")
 
 
 def pilot_lines(data: Practice) -> list[str]:

@@ -1,6 +1,7 @@
-"""What the doctor gets from table-practice (bnlab.advice reads it): its judgment of the
-doctor's thresholds on bn's cells (rules `doctor`, `doctor_change`) and the advice row, every fix
-at 8 x 2 in table-recover's form (rules `advice`), written to bnlab/measured/practice.json."""
+"""What the doctor gets from table-practice: its judgment of the doctor's thresholds on bn's
+cells (rules `doctor`, `doctor_change`; bnlab.caveats reads it) and the advice row, every fix at
+8 x 2 in table-recover's form (rules `advice`; bnlab.advice reads it), written to
+bnlab/measured/practice.json."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def doctor_judgment(cells: list[CellResult], thresholds: tuple[int, int] = JUDGE
     for b in BATCHES[1:]:
         v = fewest_values(find(cells, "bn", b))
         rows.append({"per_rank": b, "values": v, "state": states[b][1],
-                     "flagged": None if v is None else at_risk(b, v, values, images)})
+                     "flagged": None if v is None else at_risk(b, v, min_values=values,
+                                                               min_images=images)})
     if any(r["state"] == "to come" or r["flagged"] is None for r in rows):
         return {"answer": "undecided", "rows": rows, "ended": False, "change": None}
     unclear = [f"{RANKS} x {r['per_rank']}" for r in rows if r["state"] == "unclear"]
@@ -80,10 +82,12 @@ def doctor_lines(cells: list[CellResult]) -> list[str]:
             "(bnlab/defaults.py); at those: "
             f"**{doctor_judgment(cells, (MIN_IMAGES, MIN_VALUES))['answer']}**.", ""]
            if moved else [])
+    flags = "flagged" if moved else "flags"
+    when = " when its rule was written, the thresholds judged here" if moved else ""
     return ["## The doctor's thresholds against bn's curve", "",
-            f"bnlab's doctor flagged a BN layer below {JUDGED[0]} images or {JUDGED[1]} values "
-            "per channel per rank when its rule was written (rules: doctor), the thresholds "
-            "judged here, at resnet20's smallest BN layer:", "",
+            f"bnlab's doctor {flags} a BN layer below {JUDGED[0]} images or {JUDGED[1]} values "
+            f"per channel per rank (rules: doctor){when}. Here, at resnet20's smallest BN "
+            "layer:", "",
             page.md_table(["bn cell", "images per rank", "values per channel per rank",
                            "bn's state", "the doctor"], rows), "",
             f"The thresholds: **{j['answer']}**. {then}", "", *now]
@@ -119,7 +123,7 @@ def advice(data: Practice, out: Path) -> None:
     j = doctor_judgment(data.runs.cells) if data.runs is not None else {"ended": False}
     got = {**(row or {}), **({"thresholds": {
         "answer": j["answer"], "global_batches": f"{2 * RANKS} to {BATCHES[0] * RANKS}",
-        "judged": f"{JUDGED[0]} images and {JUDGED[1]} values", "change": j["change"],
+        "judged": {"images": JUDGED[0], "values": JUDGED[1]}, "change": j["change"],
         "table": "make table-practice: experiments/practice/table.md in bnlab's repository"}}
         if j["ended"] else {})}
     if not got:

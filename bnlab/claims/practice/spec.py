@@ -86,11 +86,19 @@ def pilot_caveats(ctx: table.Context) -> tuple[str, ...]:
     picks = practicepilot.choices(table.runs_data(table.Context(
         practicepilot.TABLE, runs=ctx.runs, tag=ctx.tag, data=ctx.data)))
     n = picks["length"]
-    said = [f"the length is not settled ({n['why']}), so the reference may not have reached "
-            "its plateau"] if n["state"] == "not settled" else []
-    return (*said, *(f"{f}'s rate, {p['cell'].cell.meta['lr']:g} at global batch 128, stays on "
-                     f"its ladder's edge, so a rate of {p['beyond']:g} might do better"
-                     for f in FREE if (p := picks.get(f, {})).get("beyond") is not None))
+    said = [f"the length is not settled: every doubling it tried added "
+            f"{practicepilot.gain_points():g} point or more, so {n['length']} epochs, the "
+            "longest tried, is used and the reference may not have reached its plateau"] \
+        if n["state"] == "not settled" else []
+    for f in FREE:
+        p = picks.get(f, {})
+        if p.get("beyond") is not None:
+            c = p["cell"]
+            said.append(f"{f}'s rate, {c.cell.meta['lr']:g} at global batch 128 (chosen at "
+                        f"{RANKS} x {c.cell.cfg['batch_per_gpu']} over {c.epochs} epochs), "
+                        f"stays on its ladder's edge, so a rate of {p['beyond']:g} might do "
+                        "better")
+    return tuple(said)
 
 
 HEADER = [
