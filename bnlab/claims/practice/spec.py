@@ -66,11 +66,16 @@ def spec_cells(length: int, rates: dict[str, float]) -> list[dict]:
     return cells
 
 
+def pilot_picks(ctx: table.Context) -> dict[str, dict]:
+    """The pilot's choices (practicepilot.choices) from its runs where `ctx` reads runs."""
+    return practicepilot.choices(table.runs_data(table.Context(
+        practicepilot.TABLE, runs=ctx.runs, tag=ctx.tag, data=ctx.data)))
+
+
 def pilot_choices(data: str | None = None) -> tuple[int, dict[str, float]]:
     """The length and each batch-free fix's rate from the pilot's committed runs; a BnlabError
     while any is not chosen."""
-    d = table.runs_data(table.Context(practicepilot.TABLE, data=data))
-    picks = practicepilot.choices(d)
+    picks = pilot_picks(table.Context(practicepilot.TABLE, data=data))
     open_ = [f"{k} ({p['state']})" for k, p in picks.items()
              if p["state"] not in ("chosen", "not settled")]
     if open_ or set(FREE) - set(picks):
@@ -83,8 +88,7 @@ def pilot_caveats(ctx: table.Context) -> tuple[str, ...]:
     """What the pilot's held-out runs say of a choice they gave that is not plainly settled: a
     length that no doubling settled (the longest tried is used), a rate still on its ladder's
     edge after the rate its rule added."""
-    picks = practicepilot.choices(table.runs_data(table.Context(
-        practicepilot.TABLE, runs=ctx.runs, tag=ctx.tag, data=ctx.data)))
+    picks = pilot_picks(ctx)
     n = picks["length"]
     said = [f"the length is not settled: every doubling it tried added "
             f"{practicepilot.gain_points():g} point or more, so {n['length']} epochs, the "
