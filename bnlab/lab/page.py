@@ -148,8 +148,9 @@ def kernels_said(infos: list[dict]) -> str:
 
 
 def crossed(cells: list[CellResult]) -> list[str]:
-    """The seeds whose runs in different cells computed on different recorded kernels (a
-    comparison paired on such a seed mixes the floats' noise into it)."""
+    """The seeds whose runs in different cells computed on different recorded kernels, naming
+    the cells on each (the most common kernels' cells counted, where there are more than
+    three): a comparison paired on such a seed mixes the floats' noise into it."""
     by_seed: dict[int, dict[str, list[str]]] = {}
     for c in cells:
         for r in c.runs:
@@ -158,10 +159,18 @@ def crossed(cells: list[CellResult]) -> list[str]:
     mixed = {s: caps for s, caps in sorted(by_seed.items()) if len(caps) > 1}
     if not mixed:
         return []
-    said = "; ".join(f"seed {s}: " + ", ".join(f"{cap} in {len(ls)} cell(s)" for cap, ls in
-                                             sorted(caps.items())) for s, caps in mixed.items())
-    return [f"- Paired seeds across kernels: {said} (each table's A/A control says what that "
-            "costs)"]
+    return ["- Paired seeds across kernels: " + "; ".join(
+        f"seed {s}: {on_kernels(caps)}" for s, caps in mixed.items()) +
+        " (a gap paired on such a seed carries the kernels' float differences too)"]
+
+
+def on_kernels(caps: dict[str, list[str]]) -> str:
+    """Each kernels' cells for one seed: named, but the most common kernels' counted where
+    they are more than three."""
+    most = max(caps, key=lambda k: (len(caps[k]), k))
+    return ", ".join(
+        f"{k} in the other {len(ls)} cells" if k == most and len(ls) > 3 else
+        f"{k} in {listed(ls)}" for k, ls in sorted(caps.items(), key=lambda kv: kv[0] == most))
 
 
 def pace(jobs: int) -> str:

@@ -56,8 +56,12 @@ def test_the_page_counts_runs_by_kernels_and_names_seeds_paired_across_them():
         "AVX512 on AMD: 1 run; AVX512 on Intel: 1 run; not recorded: 1 run, made before runs "
         "recorded it")
     (line,) = page.crossed([a, b])
-    assert "seed 0: AVX2 in 1 cell(s), AVX512 on Intel in 1 cell(s)" in line
-    assert "seed 1: AVX512 on AMD in 1 cell(s), not" not in line  # not recorded: not crossed
+    assert "seed 0: AVX2 in a, AVX512 on Intel in b (a gap" in line
+    assert "seed 1" not in line  # not recorded: not crossed
+    more = [cell(f"c{i}", cfg("bn", 1, 8), [run(0, [2.4], "AVX512", "GenuineIntel")])
+            for i in range(3)]
+    (line,) = page.crossed([a, b, *more])  # the most common kernels' cells are counted
+    assert "seed 0: AVX2 in a, AVX512 on Intel in the other 4 cells" in line
 
 
 def test_a_results_page_counts_the_kernels_of_the_runs_it_names_or_of_its_machine(tmp_path):
