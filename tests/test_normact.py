@@ -102,11 +102,14 @@ def test_batch_free_kinds_on_a_norm_act_layer_equal_timms_own_layer(kind):
         ref.bias.copy_(src.bias)
     x = torch.randn(3, 16, 5, 5, dtype=torch.double, requires_grad=True)
     a, b = ref(x), ours(x)
-    torch.testing.assert_close(b, a)
+    # timm's EvoNorm2dS0 takes its group variance in float32 (group_std: x.float().var), so
+    # in double it matches only to float32's precision; the CPU's kernels move those bits
+    tol = {"rtol": 1.3e-6, "atol": 1e-5} if kind == "evonorm" else {}
+    torch.testing.assert_close(b, a, **tol)
     ga = torch.autograd.grad(a.square().sum(), (x, ref.weight))
     gb = torch.autograd.grad(b.square().sum(), (x, ours.weight))
     for u, v in zip(ga, gb, strict=True):
-        torch.testing.assert_close(v, u)
+        torch.testing.assert_close(v, u, **tol)
 
 
 def test_evonorm_norm_act_placement_on_a_timm_model_takes_each_activation():
