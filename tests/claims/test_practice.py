@@ -33,7 +33,7 @@ def test_the_spec_holds_every_cell_in_running_order_and_composes_as_train_py_wou
     assert len(cells) == 1 + 8 + 2 + 2 + 3 + 3
     assert [c["order"] for c in cells] == sorted(c["order"] for c in cells)
     assert {c["per_rank"] for c in cells if c["order"] == 0} == {16, 2}  # reference, then 8 x 2
-    assert {c["per_rank"] for c in cells if c["order"] == 2} == {4}  # 8 x 4 fits a session
+    assert {c["per_rank"] for c in cells if c["order"] == 2} == {4}  # 8 x 4 before the longer runs
     assert all(c["longer"] for c in cells if c["order"] == 3)  # then gn at twice the length
     assert {c["per_rank"] for c in cells if c["order"] == 4} == {8}  # 8 x 8 last: cut first
     cfg = {c.label: c.cfg for c in spec.cells}
