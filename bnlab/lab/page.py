@@ -125,7 +125,7 @@ def provenance(cells: list[CellResult], tag: str, root: Path = RUNS, budget: int
         f"- Wall time of this target: {budget_line(runs, expected, budget, jobs)}" if budget else
         f"- Wall time of this target: about {wall_minutes(runs, jobs):.0f} min {pace(jobs)} "
         f"(its spec's pace) for the {len(runs)} of {expected} runs finished (its spec sets no "
-        "budget)",
+        "time limit)",
     ]
     mixed = devices_by_cell(cells)
     return "\n".join(lines[:2] + ([mixed] if mixed else []) + [kernels_line(runs)] +

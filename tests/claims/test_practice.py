@@ -226,9 +226,9 @@ def test_the_page_and_figure_build_from_runs_and_before_any(spec, tmp_path):
     d = practice.Practice(RunsData(spec, made_up(), "cifar10-5085", tmp_path, tmp_path),
                           pilot=("the length is not settled",))
     md = practice.render(d)
-    assert ("| bn: gap to bn at 8 x 16 | reference | +0.4 (-0.3 to 1.1), holds | +3.0 (2.3 to "
+    assert ("| BN: gap to its 8 x 16 | reference | +0.4 (-0.3 to 1.1), holds | +3.0 (2.3 to "
             "3.7), breaks | +10.0 (9.3 to 10.7), breaks |") in md
-    assert "gap to its own 8 x 16 (flat)" in md
+    assert "gap to its own 8 x 16 (across batches: flat)" in md
     assert ("\n\nFrom 8 x 16 to 8 x 2 (global batch 128 to 16, 30 epochs), BN holds at 8, "
             "breaks at 4 and 2 images per rank; GroupNorm is flat and GroupNorm+WS drops (flat: "
             "at every per-rank batch less than 2 points under its own 8 x 16, the interval's "

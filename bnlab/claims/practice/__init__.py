@@ -85,11 +85,11 @@ def render(data: Practice) -> str:
     cells = d.cells
     bn = bn_states(cells)
     rows = [[NAMES[f]] + [acc_cell(find(cells, f, b)) for b in BATCHES] for f in NORMS]
-    grows = [["bn: gap to bn at 8 x 16"] + ["reference"] + [gap_cell(*bn[b]) for b in
+    grows = [[f"{NAMES['bn']}: gap to its 8 x 16"] + ["reference"] + [gap_cell(*bn[b]) for b in
                                                                BATCHES[1:]]]
     for f in ("gn", "gnws"):
         verdict, each = flatness(cells, f)
-        grows.append([f"{f}: gap to its own 8 x 16 ({verdict})", "-",
+        grows.append([f"{NAMES[f]}: gap to its own 8 x 16 (across batches: {verdict})", "-",
                       *[gap_cell(*each[b]) for b in BATCHES[1:]]])
     fixes = [c for c in cells if c.cell.meta["per_rank"] == 2 and not c.cell.meta.get("longer")
              and c.cell.meta["fix"] != "bn"]
@@ -118,10 +118,14 @@ def render(data: Practice) -> str:
         page.md_table(["gap (points)", *[f"8 x {b}" for b in BATCHES]], grows), "",
         *gains_lines(cells),
         "## Each fix at 8 x 2 (global batch 16)", "",
-        "Against bn at 8 x 16 (the reference) and bn at 8 x 2, table-recover's states; the share "
-        "of bn's loss is the fix's gain over bn at 8 x 2 divided by bn's gap, with a bootstrap "
-        "interval over the seeds (only where bn breaks at 8 x 2, having ended every seed). The "
-        "doctor's best fix is the one with the best state, then the largest gain.", "",
+        "Each fix against bn at 8 x 16 (the reference) and bn at 8 x 2. The share of bn's loss "
+        "is the fix's gain over bn at 8 x 2 divided by bn's gap, with a 95% bootstrap interval "
+        "over the seeds; it is measured only where bn breaks at 8 x 2 and ended every seed, and "
+        "over 100% means the fix ends above the reference. The states are table-recover's "
+        "(rules: fixes, below), read in this order: recovers (its gap to the reference under "
+        f"{RULES['recovers_gap']:g} points, the interval under {RULES['recovers_interval']:g}), "
+        "no better (the gain's interval reaches 0 or below), partly, unclear. The doctor's best "
+        "fix is the one with the best state, then the largest gain.", "",
         page.md_table(["fix", "end acc (%)", "gap to 8 x 16", "gain over bn 8 x 2",
                        "share of bn's loss", "state"], frows), "",
         *doctor_lines(cells), *longer_lines(cells), *published_lines(cells),
