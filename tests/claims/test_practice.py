@@ -216,8 +216,9 @@ def test_the_page_says_what_the_pilot_left_unsettled(monkeypatch):
     assert practice.pilot_caveats(ctx) == (
         "the length is not settled: every doubling it tried added 1 point or "
         "more, so 120 epochs, the longest tried, is used and the reference may not have reached "
-        "its plateau", "gnws's rate, 0.1 at global batch 128 (chosen at 8 x 2 over 30 epochs), "
-        "stays on its ladder's edge, so a rate of 0.4 might do better")
+        "its plateau", "GroupNorm + WS's rate, 0.1 at global batch 128 (chosen at 8 x 2 over 30 "
+        "epochs), is the highest its pilot tried, even with the rate its rule added, so 0.4 "
+        "might do better")
     picks["length"]["state"], picks["gnws"]["beyond"] = "chosen", None
     assert practice.pilot_caveats(ctx) == ()
 
@@ -238,7 +239,7 @@ def test_the_page_and_figure_build_from_runs_and_before_any(spec, tmp_path):
     assert "| gn's gap to bn at 16 images per rank | +2.0 (1.8 to 2.2) | 0.5 |" in md
     assert "CIFAR-10 subset (5,085 training images) at the end" in md  # the tag's count
     assert ("From its pilot ([table-practicepilot](../practicepilot/table.md), on held-out "
-            "training images): the length is not settled.") in md
+            "training images):\n\n- the length is not settled.\n") in md
     for t in ("recover", "converge", "batch"):  # the earlier protocol, one click from finding 2
         assert f"[table-{t}](../{t}/table.md)" in md
     assert "| 8 x 16 | +2.0 (1.8 to 2.2) | +1.0 (1.0 to 1.0) |" in md  # gn at twice the length

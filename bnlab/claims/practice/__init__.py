@@ -174,8 +174,8 @@ def pilot_lines(data: Practice) -> list[str]:
     is: a length no doubling settled, a rate still on its ladder's edge."""
     if not data.pilot:
         return []
-    return [f"From its pilot ([table-practicepilot](../practicepilot/table.md), on held-out "
-            f"training images): {'; '.join(data.pilot)}.", ""]
+    return ["From its pilot ([table-practicepilot](../practicepilot/table.md), on held-out "
+            "training images):", "", *(f"- {x}." for x in data.pilot), ""]
 
 
 def steps_of(c: CellResult) -> str:

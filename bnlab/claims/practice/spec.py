@@ -101,10 +101,11 @@ def pilot_caveats(ctx: table.Context) -> tuple[str, ...]:
         p = picks.get(f, {})
         if p.get("beyond") is not None:
             c = p["cell"]
-            said.append(f"{f}'s rate, {c.cell.meta['lr']:g} at global batch 128 (chosen at "
-                        f"{RANKS} x {c.cell.cfg['batch_per_gpu']} over {c.epochs} epochs), "
-                        f"stays on its ladder's edge, so a rate of {p['beyond']:g} might do "
-                        "better")
+            end = "highest" if p["beyond"] > c.cell.meta["lr"] else "lowest"
+            said.append(f"{NAMES[f]}'s rate, {c.cell.meta['lr']:g} at global batch 128 (chosen "
+                        f"at {RANKS} x {c.cell.cfg['batch_per_gpu']} over {c.epochs} epochs), "
+                        f"is the {end} its pilot tried, even with the rate its rule added, so "
+                        f"{p['beyond']:g} might do better")
     return tuple(said)
 
 
