@@ -219,6 +219,10 @@ def test_the_page_says_what_the_pilot_left_unsettled(monkeypatch):
         "its plateau", "GroupNorm + WS's rate, 0.1 at global batch 128 (chosen at 8 x 2 over 30 "
         "epochs), is the highest its pilot tried, even with the rate its rule added, so 0.4 "
         "might do better")
+    picks["gnws"]["beyond"] = 0.025  # the ladder's low end
+    assert "0.1 at global batch 128 (chosen at 8 x 2 over 30 epochs), is the lowest its pilot " \
+        "tried, even with the rate its rule added, so 0.025 might do better" in \
+        practice.pilot_caveats(ctx)[1]
     picks["length"]["state"], picks["gnws"]["beyond"] = "chosen", None
     assert practice.pilot_caveats(ctx) == ()
 
