@@ -156,7 +156,7 @@ def write(runs: list[Run], out: Path, title: str) -> None:
     src = "\n".join(f"- `{r.path}` (commit {r.info.get('commit')})" for r in runs)
     sweeps = found()
     summary = "\n".join([f"**What this demo shows:** {shows(rows, bool(sweeps))}", *(
-        ["", "**What the sweeps found** (the full protocol, on CIFAR-10):",
+        ["", "**What the sweeps found** (the full protocol, on a 5,085-image subset of CIFAR-10):",
          *sweeps] if sweeps else [])])
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(
