@@ -134,19 +134,37 @@ def shows(rows: list[dict], sweeps: bool = True) -> str:
             + ("; the sweeps below test it where bn learns." if sweeps else "."))
 
 
+FULL = 50_000  # CIFAR-10's training images
+
+
+def data_words(trained_on: list[int]) -> str:
+    """What the sweeps trained on, from their training-set sizes (headline.json's
+    `trained_on`): CIFAR-10's 50,000 images or a subset of them."""
+    if not trained_on:
+        raise ValueError("headline.json names no training set")
+    if trained_on == [FULL]:
+        return "CIFAR-10"
+    sizes = " and ".join(f"{n:,}" for n in trained_on)
+    return (f"a {sizes}-image subset of CIFAR-10" if len(trained_on) == 1
+            else f"subsets of CIFAR-10 ({sizes} images)")
+
+
 def found() -> list[str]:
     """The sweeps' verdicts in a few words, as `make report` last wrote them from the runs in
-    experiments/runs (experiments/headline.json); none where it is missing or unreadable."""
+    experiments/runs (experiments/headline.json), under a line naming the data they trained on;
+    none where it is missing or unreadable."""
     try:
         h = json.loads(HEADLINE.read_text())
         mark = " (sweeps still running)" if h["preliminary"] else ""
+        data = data_words([int(n) for n in h["trained_on"]])
         lines = [x for i, f in enumerate(h["findings"], 1) for x in (
             f"{i}. {f['text']} (`make table-{f['table']}`)",
             *(f"   - {u['text']} (`make table-{u['table']}`)" for u in f.get("under", [])))]
     except (OSError, ValueError, KeyError, TypeError):
         return []
-    return lines + [f"\nFrom `make report` on the CIFAR-10 runs in experiments/runs{mark}; "
-                    "every claim: experiments/README.md."]
+    return ["", f"**What the sweeps found** (the full protocol, on {data}):", *lines,
+            f"\nFrom `make report` on the CIFAR-10 runs in experiments/runs{mark}; "
+            "every claim: experiments/README.md."]
 
 
 def write(runs: list[Run], out: Path, title: str) -> None:
@@ -155,9 +173,7 @@ def write(runs: list[Run], out: Path, title: str) -> None:
     table = md_table(list(COLUMNS), [[shown(r[c]) for c in COLUMNS] for r in rows])
     src = "\n".join(f"- `{r.path}` (commit {r.info.get('commit')})" for r in runs)
     sweeps = found()
-    summary = "\n".join([f"**What this demo shows:** {shows(rows, bool(sweeps))}", *(
-        ["", "**What the sweeps found** (the full protocol, on a 5,085-image subset of CIFAR-10):",
-         *sweeps] if sweeps else [])])
+    summary = "\n".join([f"**What this demo shows:** {shows(rows, bool(sweeps))}", *sweeps])
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(
         f"# {title}\n\n{table}\n\n{summary}\n\nJitter: the von Neumann sd of val acc on the "

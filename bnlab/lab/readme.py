@@ -105,7 +105,7 @@ def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]],
         figures = shown_figures([t for t, _ in (every or built)], found)
         marks = {v.claim: rules.mark(rules.read(t.rules)) for t, v in ruled if t.rules}
         write_headline(ROOT / "README.md", figures, verdicts, status, tuple(found), marks)
-        write_json(HEADLINE, verdicts, status, tuple(found))
+        write_json(HEADLINE, verdicts, status, tuple(found), training_sets(every or built))
 
 
 def headline_findings(findings: list[Finding]) -> list[Finding]:
@@ -130,14 +130,22 @@ FINDINGS = 5
 HEADLINE = EXPERIMENTS / "headline.json"  # the headline's verdicts for make demo to quote
 
 
+def training_sets(built: list[tuple[Table, Any]]) -> list[int]:
+    """The training-set sizes of the sweeps behind the headline (their data tags), smallest
+    first: what the README and the demo say the findings were trained on."""
+    return sorted({d.trained_on for _, d in built if isinstance(d, RunsData)})
+
+
 def write_json(path: Path, verdicts: list[Verdict], status: str,
-               findings: tuple[Finding, ...]) -> None:
-    """The headline's verdicts in a few words and the tables' findings, as data (read by
-    `make demo`, which cannot afford to rebuild them from the runs, and by the test that sets a
-    table's coming finding among them)."""
+               findings: tuple[Finding, ...], trained_on: list[int] = ()) -> None:
+    """The headline's verdicts in a few words, the tables' findings and the training-set sizes
+    of their runs (`trained_on`), as data (read by `make demo`, which cannot afford to rebuild
+    them from the runs, and by the tests that set a table's coming finding among them and check
+    the README's words on the data)."""
     tmp = path.with_name(f".{path.name}.tmp")  # whole or not at all: make demo may read it
     tmp.write_text(json.dumps({
         "preliminary": bool(status),
+        "trained_on": list(trained_on),
         "verdicts": [{"claim": v.claim, "claimed": v.claimed, "ours": v.short,
                       "verdict": v.verdict, "final": v.final} for v in verdicts],
         "findings": [{"text": f.text, "table": f.table, "mark": f.mark, "rank": f.rank,

@@ -11,7 +11,7 @@ import pytest
 from bnlab.lab import demo, readme
 from bnlab.lab.readme import HEADLINE
 from bnlab.lab.table import Finding
-from bnlab.paths import ROOT
+from bnlab.paths import ROOT, RUNS
 
 
 def plateau_accs(table: str) -> dict[str, float]:
@@ -97,6 +97,31 @@ def test_an_unreadable_headline_json_leaves_the_sweeps_out(tmp_path, monkeypatch
     assert demo.found() == []
     monkeypatch.setattr(demo, "HEADLINE", tmp_path / "none.json")
     assert demo.found() == []
+
+
+def test_the_sweeps_data_is_named_from_the_runs_tags():
+    """The demo names the data as make report recorded it: the committed runs' data tags
+    (`<name>-<images>`), a subset where they hold fewer than CIFAR-10's 50,000 images; the
+    README's first paragraph says the same."""
+    h = json.loads(HEADLINE.read_text())
+    tags = sorted(int(p.name.rsplit("-", 1)[1]) for p in RUNS.iterdir() if p.is_dir())
+    assert h["trained_on"] == tags
+    words = demo.data_words(h["trained_on"])
+    assert f"**What the sweeps found** (the full protocol, on {words}):" in demo.found()
+    first = " ".join((ROOT / "README.md").read_text().split("\n\n")[1].split())
+    assert f"On {words} " in first
+    assert demo.data_words([5085]) == "a 5,085-image subset of CIFAR-10"
+    assert demo.data_words([50_000]) == "CIFAR-10"
+    assert demo.data_words([5085, 10_000]) == "subsets of CIFAR-10 (5,085 and 10,000 images)"
+
+
+def test_a_headline_json_without_its_data_leaves_the_sweeps_out(tmp_path, monkeypatch):
+    h = json.loads(HEADLINE.read_text())
+    for bad in ([], None):
+        out = tmp_path / "headline.json"
+        out.write_text(json.dumps({**h, "trained_on": bad}))
+        monkeypatch.setattr(demo, "HEADLINE", out)
+        assert demo.found() == []  # no finding told without the data it came from
 
 
 def test_the_headline_json_is_the_readme_s_headline():
