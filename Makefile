@@ -24,9 +24,13 @@ CLAIMS = $(PY) -m bnlab.claims $(if $(DATA),--data $(DATA)) $(if $(RUNS),--runs 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
+# --compile-bytecode: each new Python process (a test's run, a rank, a sweep's job) reads the
+# installed packages' bytecode instead of compiling their sources again where Python writes no
+# bytecode of its own (PYTHONDONTWRITEBYTECODE): importing torch, torchvision, hydra and
+# matplotlib took 20 CPU-seconds without it, 8 with it, on a 2-core AVX2 machine
 install: ## install everything with uv from uv.lock (into .venv): the core and every extra (train, lab, slurm)
 	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install -q uv
-	$(UV) sync --frozen --all-extras
+	$(UV) sync --frozen --all-extras --compile-bytecode
 
 test: install ## run the test suite on CPU, one worker per core (slow tests excluded; ~5 min on 2 cores)
 	$(PY) -m pytest -q -n auto --durations=20
