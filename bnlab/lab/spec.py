@@ -8,10 +8,6 @@ lives is bnlab.lab.plan's.
 
 from __future__ import annotations
 
-import copy
-import hashlib
-import os
-import re
 from pathlib import Path
 
 import yaml
@@ -21,38 +17,9 @@ from bnlab.lab.plan import Cell, Spec
 from bnlab.paths import CONFIGS
 
 
-def configs_stamp() -> tuple:
-    """What a composition reads besides its overrides, as it is now: the config files' text
-    and the environment variables they name (`${oc.env:NAME,...}`). A composed config is
-    reused only while this is unchanged."""
-    texts = tuple((str(p), p.read_text()) for p in sorted(CONFIGS.rglob("*.yaml")))
-    names = sorted({n for _, t in texts for n in re.findall(r"oc\.env:(\w+)", t)})
-    return hashlib.sha256(repr(texts).encode()).hexdigest(), \
-        tuple((n, os.environ.get(n)) for n in names)
-
-
-# overrides and configs_stamp() -> the composed config, before validation: Hydra takes about
-# 0.2 s a config, and a report or a test session composes the same cells many times
-_COMPOSED: dict[tuple, dict] = {}
-
-
 def compose(overrides: list[str], here: bool = True) -> dict:
     """The resolved training config for these overrides, as train.py would build it (checked
-    against this machine's devices unless `here` is False: runs that train elsewhere). Each
-    call returns a config of its own; the same overrides on unchanged config files are
-    composed once per process."""
-    key = (tuple(overrides), configs_stamp())
-    if key not in _COMPOSED:
-        _COMPOSED[key] = hydra_config(overrides)
-    cfg = copy.deepcopy(_COMPOSED[key])
-    from bnlab.config import validate
-
-    validate(cfg, here)
-    return cfg
-
-
-def hydra_config(overrides: list[str]) -> dict:
-    """Hydra's composition of train.yaml with these overrides, resolved, unvalidated."""
+    against this machine's devices unless `here` is False: runs that train elsewhere)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
@@ -60,15 +27,18 @@ def hydra_config(overrides: list[str]) -> dict:
     from omegaconf.errors import OmegaConfBaseException
 
     from bnlab import hydra_setup
+    from bnlab.config import validate
 
     hydra_setup.register()
     try:
         with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-            return OmegaConf.to_container(hydra_compose("train", overrides=overrides),
-                                          resolve=True)
+            cfg = OmegaConf.to_container(hydra_compose("train", overrides=overrides),
+                                         resolve=True)
     except (HydraException, OmegaConfBaseException) as e:
         first = str(e).strip().splitlines()[0]
         raise BnlabError(f"the overrides {' '.join(overrides)} do not compose: {first}") from e
+    validate(cfg, here)
+    return cfg
 
 
 def data_overrides(data: str | None) -> list[str]:

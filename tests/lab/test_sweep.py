@@ -71,28 +71,6 @@ def test_a_cell_that_does_not_compose_fails_before_anything_runs(tmp_path):
         load_spec(spec)
 
 
-def test_a_composed_config_is_reused_only_while_what_it_read_is_unchanged(monkeypatch):
-    """compose() keeps each composition for the process; every call gets a config of its own,
-    still validated, and a change of an environment variable the configs name composes anew."""
-    from bnlab.lab import spec as spec_mod
-
-    calls = []
-    real = spec_mod.hydra_config
-    monkeypatch.setattr(spec_mod, "hydra_config", lambda ov: calls.append(ov) or real(ov))
-    monkeypatch.delenv("BNLAB_DATA", raising=False)
-    ov = ["data=cifar10", "seed=12345"]  # composed by no other test
-    a = compose(ov)
-    a["seed"] = 0  # a caller's change stays its own
-    b = compose(ov)
-    assert len(calls) == 1 and b["seed"] == 12345 and b["data"]["root"] == "./data"
-    monkeypatch.setenv("BNLAB_DATA", "/elsewhere")  # ${oc.env:BNLAB_DATA,./data}
-    assert compose(ov)["data"]["root"] == "/elsewhere" and len(calls) == 2
-    with pytest.raises(BnlabError, match="batch_per_gpu"):  # validated at every call
-        compose([*ov, "batch_per_gpu=0"])
-    with pytest.raises(BnlabError, match="batch_per_gpu"):
-        compose([*ov, "batch_per_gpu=0"])
-
-
 def test_plan_runs_every_cell_once_seed_major_and_expensive_cells_last():
     specs = [committed_spec(p) for p in SPECS]
     steps = plan(specs, "tag")
