@@ -26,8 +26,9 @@ help: ## list the targets
 
 # --compile-bytecode: each new Python process (a test's run, a rank, a sweep's job) reads the
 # installed packages' bytecode instead of compiling their sources again where Python writes no
-# bytecode of its own (PYTHONDONTWRITEBYTECODE): importing torch, torchvision, hydra and
-# matplotlib took 20 CPU-seconds without it, 8 with it, on a 2-core AVX2 machine
+# bytecode of its own (PYTHONDONTWRITEBYTECODE): one process importing torch, torchvision,
+# hydra and matplotlib took 20 s of CPU without it and 8 s with it (2-core AMD EPYC, both cores
+# busy with a sweep)
 install: ## install everything with uv from uv.lock (into .venv): the core and every extra (train, lab, slurm)
 	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install -q uv
 	$(UV) sync --frozen --all-extras --compile-bytecode

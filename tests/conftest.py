@@ -21,11 +21,24 @@ os.environ.setdefault("BNLAB_ALLOW_DIRTY", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Bytecode: the tests start dozens of Python processes (gloo ranks, torchrun, train.py, sweep
 # jobs), each importing torch and the rest again. Where PYTHONDONTWRITEBYTECODE is set (as on
-# this project's machines) and the venv holds no .pyc (uv sync compiles none), each of them
-# compiled a thousand modules from source: 5 s of CPU a process under load (10 s to import
-# torch, torchvision, hydra and bnlab instead of 5). The tests' processes keep their bytecode
-# outside the tree instead, in one folder under the temporary directory.
-if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
+# this project's machines) and the venv holds no .pyc, each of them compiled a thousand modules
+# from source: 5 s of CPU a process under load (10 s to import torch, torchvision, hydra and
+# bnlab instead of 5). `make install` compiles the venv's bytecode (uv sync --compile-bytecode),
+# which every process reads; where it was installed otherwise, the tests' processes keep their
+# bytecode outside the tree instead, in one folder under the temporary directory (Python then
+# reads bytecode from that folder only, so this is not done where the venv has its own).
+
+
+def _venv_has_bytecode() -> bool:
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")  # found, not imported
+    return bool(spec and spec.origin and Path(importlib.util.cache_from_source(spec.origin))
+                .is_file())
+
+
+if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX") \
+        and not _venv_has_bytecode():
     import tempfile
 
     _prefix = str(Path(tempfile.gettempdir()) / "bnlab-test-pycache")
