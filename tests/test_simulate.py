@@ -45,8 +45,8 @@ def _cfg(norm: str, sync: bool, accum: int, simulate: int) -> dict:
 
 def _data() -> Dataset:
     """Images seen at 16 px: float64 convolutions are slow on CPU, and the layouts' maths does
-    not depend on the image's side (the last stage's 4x4 maps still give each rank's BN 32
-    values per channel at 2 images)."""
+    not depend on the image's side. Each rank's BN in the last stage normalizes 32 values per
+    channel at 2 images (4x4 maps), a quarter of what 32 px gives, still more than one."""
     train, val = make_synthetic(num_train=STEPS * 2 * 4 * B, num_val=8)
     return Dataset(train, val, (0.5,) * 3, (0.25,) * 3, size=16)
 
