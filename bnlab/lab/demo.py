@@ -137,16 +137,19 @@ def shows(rows: list[dict], sweeps: bool = True) -> str:
 FULL = 50_000  # CIFAR-10's training images
 
 
-def data_words(trained_on: list[int]) -> str:
-    """What the sweeps trained on, from their training-set sizes (headline.json's
-    `trained_on`): CIFAR-10's 50,000 images or a subset of them."""
-    if not trained_on:
-        raise ValueError("headline.json names no training set")
-    if trained_on == [FULL]:
-        return "CIFAR-10"
-    sizes = " and ".join(f"{n:,}" for n in trained_on)
-    return (f"a {sizes}-image subset of CIFAR-10" if len(trained_on) == 1
-            else f"subsets of CIFAR-10 ({sizes} images)")
+def data_words(tags: list[str]) -> str:
+    """What the sweeps trained on, from their data tags (headline.json's `data`,
+    `<name>-<training images>`): CIFAR-10's 50,000 images, a subset of them, or another set."""
+    if not tags:
+        raise ValueError("headline.json names no data")
+
+    def one(tag: str) -> str:
+        name, n = tag.rsplit("-", 1)
+        if name != "cifar10":
+            return f"{int(n):,} {name} images"
+        return "CIFAR-10" if int(n) == FULL else f"a {int(n):,}-image subset of CIFAR-10"
+    words = [one(t) for t in tags]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
 
 
 def found() -> list[str]:
@@ -156,7 +159,7 @@ def found() -> list[str]:
     try:
         h = json.loads(HEADLINE.read_text())
         mark = " (sweeps still running)" if h["preliminary"] else ""
-        data = data_words([int(n) for n in h["trained_on"]])
+        data = data_words(list(h["data"]))
         lines = [x for i, f in enumerate(h["findings"], 1) for x in (
             f"{i}. {f['text']} (`make table-{f['table']}`)",
             *(f"   - {u['text']} (`make table-{u['table']}`)" for u in f.get("under", [])))]

@@ -105,7 +105,7 @@ def write_verdicts(readme: Path, marker: str, built: list[tuple[Table, Any]],
         figures = shown_figures([t for t, _ in (every or built)], found)
         marks = {v.claim: rules.mark(rules.read(t.rules)) for t, v in ruled if t.rules}
         write_headline(ROOT / "README.md", figures, verdicts, status, tuple(found), marks)
-        write_json(HEADLINE, verdicts, status, tuple(found), training_sets(every or built))
+        write_json(HEADLINE, verdicts, status, tuple(found), data_tags(every or built))
 
 
 def headline_findings(findings: list[Finding]) -> list[Finding]:
@@ -130,22 +130,22 @@ FINDINGS = 5
 HEADLINE = EXPERIMENTS / "headline.json"  # the headline's verdicts for make demo to quote
 
 
-def training_sets(built: list[tuple[Table, Any]]) -> list[int]:
-    """The training-set sizes of the sweeps behind the headline (their data tags), smallest
-    first: what the README and the demo say the findings were trained on."""
-    return sorted({d.trained_on for _, d in built if isinstance(d, RunsData)})
+def data_tags(built: list[tuple[Table, Any]]) -> list[str]:
+    """The data tags (`<name>-<training images>`) of the sweeps behind the headline: what the
+    README and the demo say the findings were trained on."""
+    return sorted({d.tag for _, d in built if isinstance(d, RunsData)})
 
 
 def write_json(path: Path, verdicts: list[Verdict], status: str,
-               findings: tuple[Finding, ...], trained_on: list[int] = ()) -> None:
-    """The headline's verdicts in a few words, the tables' findings and the training-set sizes
-    of their runs (`trained_on`), as data (read by `make demo`, which cannot afford to rebuild
+               findings: tuple[Finding, ...], data: list[str]) -> None:
+    """The headline's verdicts in a few words, the tables' findings and the data tags of their
+    runs (`data`), as data (read by `make demo`, which cannot afford to rebuild
     them from the runs, and by the tests that set a table's coming finding among them and check
     the README's words on the data)."""
     tmp = path.with_name(f".{path.name}.tmp")  # whole or not at all: make demo may read it
     tmp.write_text(json.dumps({
         "preliminary": bool(status),
-        "trained_on": list(trained_on),
+        "data": data,
         "verdicts": [{"claim": v.claim, "claimed": v.claimed, "ours": v.short,
                       "verdict": v.verdict, "final": v.final} for v in verdicts],
         "findings": [{"text": f.text, "table": f.table, "mark": f.mark, "rank": f.rank,

@@ -10,7 +10,7 @@ import pytest
 
 from bnlab.lab import demo, readme
 from bnlab.lab.readme import HEADLINE
-from bnlab.lab.table import Finding
+from bnlab.lab.table import Finding, RunsData
 from bnlab.paths import ROOT, RUNS
 
 
@@ -104,22 +104,32 @@ def test_the_sweeps_data_is_named_from_the_runs_tags():
     (`<name>-<images>`), a subset where they hold fewer than CIFAR-10's 50,000 images; the
     README's first paragraph says the same."""
     h = json.loads(HEADLINE.read_text())
-    tags = sorted(int(p.name.rsplit("-", 1)[1]) for p in RUNS.iterdir() if p.is_dir())
-    assert h["trained_on"] == tags
-    words = demo.data_words(h["trained_on"])
+    assert h["data"] == sorted(p.name for p in RUNS.iterdir() if p.is_dir())
+    words = demo.data_words(h["data"])
     assert f"**What the sweeps found** (the full protocol, on {words}):" in demo.found()
     first = " ".join((ROOT / "README.md").read_text().split("\n\n")[1].split())
     assert f"On {words} " in first
-    assert demo.data_words([5085]) == "a 5,085-image subset of CIFAR-10"
-    assert demo.data_words([50_000]) == "CIFAR-10"
-    assert demo.data_words([5085, 10_000]) == "subsets of CIFAR-10 (5,085 and 10,000 images)"
+    assert demo.data_words(["cifar10-5085"]) == "a 5,085-image subset of CIFAR-10"
+    assert demo.data_words(["cifar10-50000"]) == "CIFAR-10"
+    assert demo.data_words(["cifar10-5085", "cifar10-50000", "synthetic-1000"]) == \
+        "a 5,085-image subset of CIFAR-10, CIFAR-10 and 1,000 synthetic images"
+
+
+def test_the_headline_json_records_the_data_tags_of_the_tables_behind_it(tmp_path):
+    d = [RunsData(None, [], tag, tmp_path, tmp_path)
+         for tag in ("cifar10-5085", "synthetic-1000", "cifar10-5085")]
+    built = [(None, x) for x in d] + [(None, "not a sweep")]
+    assert readme.data_tags(built) == ["cifar10-5085", "synthetic-1000"]
+    out = tmp_path / "headline.json"
+    readme.write_json(out, [], "", (), readme.data_tags(built))
+    assert json.loads(out.read_text())["data"] == ["cifar10-5085", "synthetic-1000"]
 
 
 def test_a_headline_json_without_its_data_leaves_the_sweeps_out(tmp_path, monkeypatch):
     h = json.loads(HEADLINE.read_text())
     for bad in ([], None):
         out = tmp_path / "headline.json"
-        out.write_text(json.dumps({**h, "trained_on": bad}))
+        out.write_text(json.dumps({**h, "data": bad}))
         monkeypatch.setattr(demo, "HEADLINE", out)
         assert demo.found() == []  # no finding told without the data it came from
 
