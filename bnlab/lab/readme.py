@@ -139,9 +139,9 @@ def data_tags(built: list[tuple[Table, Any]]) -> list[str]:
 def write_json(path: Path, verdicts: list[Verdict], status: str,
                findings: tuple[Finding, ...], data: list[str]) -> None:
     """The headline's verdicts in a few words, the tables' findings and the data tags of their
-    runs (`data`), as data (read by `make demo`, which cannot afford to rebuild
-    them from the runs, and by the tests that set a table's coming finding among them and check
-    the README's words on the data)."""
+    runs (`data`), as data (read by `make demo`, which cannot afford to rebuild them from the
+    runs, and by the tests that set a table's coming finding among them and check the README's
+    words on the data)."""
     tmp = path.with_name(f".{path.name}.tmp")  # whole or not at all: make demo may read it
     tmp.write_text(json.dumps({
         "preliminary": bool(status),
