@@ -29,7 +29,7 @@ from bnlab.lab.page import md_table
 from bnlab.lab.plan import Spec
 from bnlab.lab.readme import HEADLINE
 from bnlab.lab.results import Run, fmt
-from bnlab.lab.spec import spec_from
+from bnlab.lab.spec import read_data_tag, spec_from
 from bnlab.lab.sweep import outcome, sweep
 from bnlab.paths import CONFIGS
 
@@ -144,10 +144,10 @@ def data_words(tags: list[str]) -> str:
         raise ValueError("headline.json names no data")
 
     def one(tag: str) -> str:
-        name, n = tag.rsplit("-", 1)
+        name, n = read_data_tag(tag)
         if name != "cifar10":
-            return f"{int(n):,} {name} images"
-        return "CIFAR-10" if int(n) == FULL else f"a {int(n):,}-image subset of CIFAR-10"
+            return f"{n:,} {name} images"
+        return "CIFAR-10" if n == FULL else f"a {n:,}-image subset of CIFAR-10"
     words = [one(t) for t in tags]
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
 

@@ -78,3 +78,9 @@ def data_tag(cfg: dict) -> str:
     check_data(cfg)
     d = build_dataset({**cfg["data"], "holdout": 0})  # a held-out split is part of the config
     return f"{cfg['data']['name']}-{len(d.train)}"
+
+
+def read_data_tag(tag: str) -> tuple[str, int]:
+    """A data tag (`data_tag`'s `<name>-<training images>`) read back: (name, images)."""
+    name, n = tag.rsplit("-", 1)
+    return name, int(n)

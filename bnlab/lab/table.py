@@ -22,7 +22,7 @@ from bnlab.lab import identity
 from bnlab.lab.page import column_terms, provenance
 from bnlab.lab.plan import Spec
 from bnlab.lab.results import CellResult, collect
-from bnlab.lab.spec import load_spec
+from bnlab.lab.spec import load_spec, read_data_tag
 from bnlab.paths import BENCH_RESULTS, EXPERIMENTS, MEASURED, RUNS, shown
 
 # ----------------------------------------------------------------------------------------
@@ -244,7 +244,7 @@ class RunsData:
     @property
     def trained_on(self) -> int:
         """Training images: the data tag's count (lab.spec.data_tag: `<name>-<images>`)."""
-        return int(self.tag.rsplit("-", 1)[-1])
+        return read_data_tag(self.tag)[1]
 
     @property
     def tested_on(self) -> int | None:
