@@ -54,8 +54,12 @@ def _compose_once() -> None:
     sweep tests, by `make report`'s rebuild and by the claims' tests, each a Hydra compose of
     a fraction of a second; the result depends on nothing but the arguments and configs/,
     which no test changes. Only what composed is kept: an override that fails is tried again
-    each time; interpolations (${oc.env:...}) are still resolved by each caller."""
+    each time; interpolations (${oc.env:...}) are still resolved by each caller. Under
+    pytest-xdist the workers also share what they composed, pickled into one folder of the
+    session's temporary directory (`SHARED`), so a config one worker composed the others read."""
     import copy
+    import hashlib
+    import pickle
 
     import hydra
     from hydra.core.global_hydra import GlobalHydra
@@ -66,10 +70,29 @@ def _compose_once() -> None:
         path = str(GlobalHydra.instance().hydra.config_loader.config_search_path)
         key = (path, config_name, tuple(overrides or ()), return_hydra_config, strict)
         if key not in done:
-            done[key] = real(config_name, overrides, return_hydra_config, strict)
+            f = SHARED[0] / f"{hashlib.sha1(repr(key).encode()).hexdigest()}.pkl" if SHARED \
+                else None
+            if f is not None and f.is_file():
+                done[key] = pickle.loads(f.read_bytes())
+            else:
+                done[key] = real(config_name, overrides, return_hydra_config, strict)
+                if f is not None:  # written whole, then renamed: a reader never sees half
+                    f.parent.mkdir(exist_ok=True)
+                    part = f.with_suffix(f".{os.getpid()}")
+                    part.write_bytes(pickle.dumps(done[key]))
+                    os.replace(part, f)
         return copy.deepcopy(done[key])
 
     hydra.compose = compose
+
+
+SHARED: list[Path] = []  # under pytest-xdist: the folder the workers' compositions go to
+
+
+def pytest_configure(config):
+    basetemp = getattr(config, "workerinput", None) and config.option.basetemp
+    if basetemp:  # an xdist worker's, inside the session's: share the session's
+        SHARED.append(Path(basetemp).parent / "composed")
 
 
 _compose_once()

@@ -144,6 +144,7 @@ def test_slurm_tasks_become_ranks_and_share_one_run_directory(monkeypatch):
     monkeypatch.setattr(hydra_setup, "_stamp", None)
 
 
+@pytest.mark.slow  # two agents; the stamp shared by ranks: test_train.py (seconds apart)
 def test_torchrun_ranks_take_rank_0s_stamp_from_the_rendezvous_store():
     """Ranks of one run under agents that started at different times (here: rank 1 under a
     shell started 1.2 s later) agree on rank 0's stamp, read from the agents' store."""

@@ -187,6 +187,7 @@ def test_channels_last_gives_contiguous_numbers_in_float64(kind, opts):
 
 # -- the trainer ---------------------------------------------------------------------------------
 
+@pytest.mark.slow  # CI time (47 s); fp32 resume bit for bit: test_resume.py; bf16 layers: above
 def test_a_bf16_channels_last_run_trains_and_resumes_bitwise(tmp_path):
     """A bf16 run (channels-last, 2 simulated ranks) stopped by max_steps and extended from its
     checkpoint ends bit for bit as the uninterrupted one, metrics included. bf16 runs slowly

@@ -368,6 +368,7 @@ def test_the_defaults_train_at_four_ranks_of_two(tmp_path):
     assert len(losses) == 6 and max(losses) < 5.0, losses
 
 
+@pytest.mark.slow  # CI time (23 s); a multirun: test_resume.py (nan); SLURM: make test-slurm
 def test_a_multirun_through_hydras_submitit_launcher(tmp_path):
     """hydra-submitit-launcher is in the lock (the slurm extra, which make install includes):
     a 2-job local multirun through it completes both runs and prints the multirun's table."""
