@@ -144,7 +144,24 @@ def test_slurm_tasks_become_ranks_and_share_one_run_directory(monkeypatch):
     monkeypatch.setattr(hydra_setup, "_stamp", None)
 
 
-@pytest.mark.slow  # two agents; the stamp shared by ranks: test_train.py (seconds apart)
+def test_rank_0_leaves_its_stamp_in_the_agents_store_and_another_rank_takes_it(monkeypatch):
+    """The store's path in one process: rank 0 leaves its own stamp, a later rank (with a
+    stamp of its own) reads rank 0's."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
+    for k, v in (("TORCHELASTIC_USE_AGENT_STORE", "True"), ("MASTER_ADDR", "127.0.0.1"),
+                 ("MASTER_PORT", str(store.port)), ("TORCHELASTIC_RUN_ID", "r1")):
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("RANK", "0")
+    assert hydra_setup._rendezvous_stamp("rank0-start") == "rank0-start"
+    monkeypatch.setenv("RANK", "1")
+    assert hydra_setup._rendezvous_stamp("rank1-start") == "rank0-start"
+
+
+@pytest.mark.slow  # two agents' interpreters; the store's path: the test above
 def test_torchrun_ranks_take_rank_0s_stamp_from_the_rendezvous_store():
     """Ranks of one run under agents that started at different times (here: rank 1 under a
     shell started 1.2 s later) agree on rank 0's stamp, read from the agents' store."""

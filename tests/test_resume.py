@@ -265,6 +265,10 @@ def test_a_stop_that_reaches_torchs_launcher_of_local_ranks_says_what_became_of_
         p = multiprocessing.get_context("fork").Process(target=launcher, args=(d, err))
         p.start()
         p.join(timeout=120)
+        if p.is_alive():
+            p.kill()
+            p.join()
+            pytest.fail(f"the launcher ({name}) did not end in 120 s")
         out = SimpleNamespace(returncode=p.exitcode, stderr=err.read_text())
         assert "Traceback" not in out.stderr, out.stderr
         return out, d

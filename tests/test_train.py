@@ -150,7 +150,8 @@ def test_torchrun_two_ranks_make_exactly_one_run_directory(tmp_path):
 
 
 @pytest.mark.slow  # two torchrun agents as two nodes (about 20 s); the stamp's rule is
-# tested in CI by test_ranks_started_seconds_apart_share_one_stamp and tests/test_dist.py
+# tested in CI by test_ranks_started_seconds_apart_share_one_stamp and tests/test_dist.py's
+# test_rank_0_leaves_its_stamp_in_the_agents_store_and_another_rank_takes_it
 def test_two_torchrun_agents_leave_exactly_one_run_directory(tmp_path):
     """A 2-node run as two torchrun agents on this machine (c10d rendezvous, no --rdzv-id,
     no BNLAB_RUN_STAMP, started 1.5 s apart): every rank takes rank 0's stamp from the
@@ -368,7 +369,6 @@ def test_the_defaults_train_at_four_ranks_of_two(tmp_path):
     assert len(losses) == 6 and max(losses) < 5.0, losses
 
 
-@pytest.mark.slow  # CI time (23 s); a multirun: test_resume.py (nan); SLURM: make test-slurm
 def test_a_multirun_through_hydras_submitit_launcher(tmp_path):
     """hydra-submitit-launcher is in the lock (the slurm extra, which make install includes):
     a 2-job local multirun through it completes both runs and prints the multirun's table."""
