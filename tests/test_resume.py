@@ -246,15 +246,15 @@ def test_a_stop_that_reaches_torchs_launcher_of_local_ranks_says_what_became_of_
     import multiprocessing
     from types import SimpleNamespace
 
+    from torch.distributed.elastic.multiprocessing import api
+
+    from bnlab.launch import stopped_by_signal
+
     def launcher(d: Path, err: Path) -> None:  # a forked child: torch is imported already
         os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
         signal.signal(signal.SIGTERM, api._terminate_process_handler)  # as torch leaves it
         stopped_by_signal(d, signal.SIGTERM)
-
-    from torch.distributed.elastic.multiprocessing import api
-
-    from bnlab.launch import stopped_by_signal
 
     def stop(name: str, status: str | None, **extra) -> tuple[SimpleNamespace, Path]:
         d = tmp_path / name
