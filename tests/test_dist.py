@@ -144,17 +144,30 @@ def test_slurm_tasks_become_ranks_and_share_one_run_directory(monkeypatch):
     monkeypatch.setattr(hydra_setup, "_stamp", None)
 
 
-def test_rank_0_leaves_its_stamp_in_the_agents_store_and_another_rank_takes_it(monkeypatch):
-    """The store's path in one process: rank 0 leaves its own stamp, a later rank (with a
-    stamp of its own) reads rank 0's."""
+def master_store():
+    """The store torchrun's agents share, as the master holds it, on a free local port."""
     from datetime import timedelta
 
     from torch.distributed import TCPStore
 
-    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
-    for k, v in (("TORCHELASTIC_USE_AGENT_STORE", "True"), ("MASTER_ADDR", "127.0.0.1"),
-                 ("MASTER_PORT", str(store.port)), ("TORCHELASTIC_RUN_ID", "r1")):
-        monkeypatch.setenv(k, v)
+    return TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
+
+
+@pytest.fixture
+def agents_store(monkeypatch):
+    """This process's environment as a rank's under torchrun with an agents' store."""
+    store = master_store()
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    return store
+
+
+def test_rank_0_leaves_its_stamp_in_the_agents_store_and_another_rank_takes_it(monkeypatch,
+                                                                                agents_store):
+    """The store's path in one process: rank 0 leaves its own stamp, a later rank (with a
+    stamp of its own) reads rank 0's."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "r1")
     monkeypatch.setenv("RANK", "0")
     assert hydra_setup._rendezvous_stamp("rank0-start") == "rank0-start"
     monkeypatch.setenv("RANK", "1")
@@ -165,11 +178,7 @@ def test_rank_0_leaves_its_stamp_in_the_agents_store_and_another_rank_takes_it(m
 def test_torchrun_ranks_take_rank_0s_stamp_from_the_rendezvous_store():
     """Ranks of one run under agents that started at different times (here: rank 1 under a
     shell started 1.2 s later) agree on rank 0's stamp, read from the agents' store."""
-    from datetime import timedelta
-
-    from torch.distributed import TCPStore
-
-    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
+    store = master_store()
     code = "from bnlab.hydra_setup import run_stamp; print(run_stamp())"
     base = {k: v for k, v in os.environ.items() if k != "BNLAB_RUN_STAMP"}
     base.update(TORCHELASTIC_RUN_ID="none", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
@@ -185,16 +194,8 @@ def test_torchrun_ranks_take_rank_0s_stamp_from_the_rendezvous_store():
     assert stamps[2] != stamps[3]  # each its own agent's start, seconds apart
 
 
-def test_a_rank_that_cannot_reach_the_store_says_so_in_one_sentence(monkeypatch):
-    from datetime import timedelta
-
-    from torch.distributed import TCPStore
-
-    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
+def test_a_rank_that_cannot_reach_the_store_says_so_in_one_sentence(monkeypatch, agents_store):
     monkeypatch.setattr(hydra_setup, "STORE_TIMEOUT_S", 1)
-    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(store.port))
     monkeypatch.setenv("RANK", "1")  # rank 0 never leaves its stamp
     with pytest.raises(BnlabError, match="could not agree on the run directory") as e:
         hydra_setup._rendezvous_stamp("own")
