@@ -345,11 +345,57 @@ def preempt_check(b: Bench) -> None:
           "s/step", m.median(without), "no agreement")
 
 
+def report_inputs(b: Bench) -> None:
+    """What `make report` reads before it computes anything: every cell of a sweep spec
+    composed (from the kept compositions against Hydra's own), and the runs' config.yaml
+    parsed (libyaml against PyYAML's pure-Python parser)."""
+    import glob
+
+    import yaml
+
+    from bnlab.lab import spec
+    from bnlab.lab.results import SAFE_LOADER
+    from bnlab.paths import EXPERIMENTS
+
+    path = EXPERIMENTS / "practice" / "sweep.yaml"
+    cells = len(yaml.safe_load(path.read_text())["cells"])
+    hydra, kept = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["BNLAB_CACHE"] = tmp
+        spec.load_spec(path)  # the cache filled
+        for _ in range(b.n(3, 1)):
+            os.environ["BNLAB_CACHE"] = "off"
+            t = time.perf_counter()
+            spec.load_spec(path)
+            hydra.append(time.perf_counter() - t)
+            os.environ["BNLAB_CACHE"] = tmp
+            t = time.perf_counter()
+            spec.load_spec(path)
+            kept.append(time.perf_counter() - t)
+    del os.environ["BNLAB_CACHE"]
+    b.row("report", f"table-practice's spec, its {cells} cells composed", m.median(kept), "s",
+          m.median(hydra), "Hydra, each cell (BNLAB_CACHE=off)",
+          note="a config file or override changed composes again through Hydra")
+    texts = [Path(f).read_text() for f in sorted(glob.glob(
+        str(EXPERIMENTS / "runs*" / "**" / "config.yaml"), recursive=True))]
+    texts = texts[:b.n(len(texts), 100)]
+    fast, slow = [], []
+    for _ in range(b.n(3, 1)):
+        t = time.perf_counter()
+        [yaml.load(x, Loader=SAFE_LOADER) for x in texts]
+        fast.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        [yaml.safe_load(x) for x in texts]
+        slow.append(time.perf_counter() - t)
+    b.row("report", f"the committed runs' config.yaml, {len(texts)} parsed", m.median(fast), "s",
+          m.median(slow), "yaml.safe_load (pure Python)", note=f"loader {SAFE_LOADER.__name__}")
+
+
 SECTIONS: dict[str, Callable[[Bench], None]] = {
     "overhead": overhead, "data": data_pipeline, "sim": simulation, "syncbn": syncbn_cost,
     "precisebn": precisebn_cost, "fixes": fixes_cost, "eval": eval_throughput,
     "threads": threads_and_sweep, "compile": compile_speedup, "channels_last": channels_last,
-    "preempt": preempt_check, "gpu": gpu, "precision": precision,
+    "preempt": preempt_check, "gpu": gpu, "precision": precision, "report": report_inputs,
 }
 
 

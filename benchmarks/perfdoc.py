@@ -83,6 +83,11 @@ WHY = {
                "its own process with cores / K threads, all starting together; step times "
                "measured while all K train, evaluation times after (a lower bound beside K "
                "runs), runs per hour computed from them for a 20-epoch run.",
+    "report": "Before `make report` computes a table it composes every cell of its sweep spec "
+              "(as train.py would, to find each run's folder) and reads every run's "
+              "config.yaml. Compositions are kept under ~/.cache/bnlab (BNLAB_CACHE; "
+              "`off` turns it off), keyed on the overrides, every file under configs/ and "
+              "the Hydra packages' versions, so only a changed config composes again.",
 }
 
 

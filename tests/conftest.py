@@ -13,6 +13,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # Tests sweep into temporary folders, from whatever tree they run in (a developer's is often
 # dirty); test_sweep.py checks the refusal with this unset.
 os.environ.setdefault("BNLAB_ALLOW_DIRTY", "1")
+# No composed config kept on disk (bnlab.lab.spec's cache, in the user's ~/.cache): every test
+# composes through Hydra (shared within the session below); test_spec.py tests the cache.
+os.environ.setdefault("BNLAB_CACHE", "off")
 # One torch thread in this process and in the ones the tests start (set before torch is
 # imported): the tests' models and batches are tiny, and on a 2-core machine shared with
 # anything else, two OpenMP threads per process wait on each other at every op (a

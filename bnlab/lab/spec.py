@@ -8,6 +8,11 @@ lives is bnlab.lab.plan's.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import os
+import pickle
+from importlib import metadata
 from pathlib import Path
 
 import yaml
@@ -20,25 +25,106 @@ from bnlab.paths import CONFIGS
 def compose(overrides: list[str], here: bool = True) -> dict:
     """The resolved training config for these overrides, as train.py would build it (checked
     against this machine's devices unless `here` is False: runs that train elsewhere)."""
-    from hydra import compose as hydra_compose
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from bnlab.config import validate
+
+    try:
+        cfg = OmegaConf.to_container(OmegaConf.create(composed(list(overrides))), resolve=True)
+    except OmegaConfBaseException as e:
+        raise not_composed(overrides, e) from e
+    validate(cfg, here)
+    return cfg
+
+
+def not_composed(overrides: list[str], e: Exception) -> BnlabError:
+    first = str(e).strip().splitlines()[0]
+    return BnlabError(f"the overrides {' '.join(overrides)} do not compose: {first}")
+
+
+# ---- Hydra's composition, kept on disk --------------------------------------------------
+# A table's report and a sweep's start compose every cell of their specs (`make report`: over
+# two hundred), at most of a second each in Hydra, which reads the config files again for each
+# one. Composition depends only on the overrides, the files under configs/ and the installed
+# Hydra packages, so the composed config is kept under a key of all three (unresolved: an
+# ${oc.env:...} still reads the environment of each caller) and read back while they stay
+# the same. BNLAB_CACHE names the folder (default $XDG_CACHE_HOME/bnlab, else ~/.cache/bnlab);
+# BNLAB_CACHE=off turns it off; deleting the folder is always safe.
+
+
+CACHE_FORMAT = 1  # raised where hydra_compose changes what it keeps: older entries unread
+
+
+def cache_dir() -> Path | None:
+    """Where composed configs are kept, or None where BNLAB_CACHE is `off`."""
+    env = os.environ.get("BNLAB_CACHE", "")
+    if env.lower() in ("off", "0", "false", "no"):
+        return None
+    if env:
+        return Path(env) / "composed"
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "bnlab" / "composed"
+
+
+def compose_key(overrides: list[str]) -> str:
+    """What a composition depends on: the overrides, every file under configs/ and the
+    versions of the packages that compose it (Hydra, its plugins, OmegaConf, PyYAML)."""
+    h = hashlib.sha256(repr((CACHE_FORMAT, "train", tuple(overrides))).encode())
+    for f in sorted(p for p in CONFIGS.rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(CONFIGS)).encode() + b"\0" + f.read_bytes() + b"\0")
+    h.update(composers().encode())
+    return h.hexdigest()
+
+
+@functools.cache
+def composers() -> str:
+    """The installed packages that compose a config, with their versions (once a process)."""
+    names = sorted(f"{(d.metadata['Name'] or '').lower()}=={d.version}"
+                   for d in metadata.distributions())
+    return " ".join(n for n in names if n.startswith(("hydra", "omegaconf==", "pyyaml==",
+                                                      "antlr4-python3-runtime==")))
+
+
+def composed(overrides: list[str]) -> dict:
+    """Hydra's composition of train.yaml with these overrides, unresolved, from the cache
+    where it holds it; one sentence where the overrides do not compose (never cached)."""
+    folder = cache_dir()
+    f = folder / f"{compose_key(overrides)}.pkl" if folder else None
+    if f is not None and f.is_file():
+        try:
+            return pickle.loads(f.read_bytes())
+        except Exception:  # noqa: BLE001 - a damaged entry is composed again and replaced
+            pass
+    cfg = hydra_compose(overrides)
+    if f is not None:
+        try:  # written whole, then renamed: a reader never sees half of it
+            f.parent.mkdir(parents=True, exist_ok=True)
+            part = f.with_suffix(f".{os.getpid()}")
+            part.write_bytes(pickle.dumps(cfg))
+            os.replace(part, f)
+        except OSError:  # a read-only or full disk: compose each time instead
+            pass
+    return cfg
+
+
+def hydra_compose(overrides: list[str]) -> dict:
+    """Hydra's composition, unresolved, as plain containers."""
+    from hydra import compose as compose_train
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from bnlab import hydra_setup
-    from bnlab.config import validate
 
     hydra_setup.register()
     try:
         with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-            cfg = OmegaConf.to_container(hydra_compose("train", overrides=overrides),
-                                         resolve=True)
+            cfg = compose_train("train", overrides=overrides)
+        return OmegaConf.to_container(cfg, resolve=False)
     except (HydraException, OmegaConfBaseException) as e:
-        first = str(e).strip().splitlines()[0]
-        raise BnlabError(f"the overrides {' '.join(overrides)} do not compose: {first}") from e
-    validate(cfg, here)
-    return cfg
+        raise not_composed(overrides, e) from e
 
 
 def data_overrides(data: str | None) -> list[str]:

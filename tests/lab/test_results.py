@@ -100,3 +100,18 @@ def test_every_page_that_shows_a_jitter_column_says_what_it_is():
     assert said.startswith("Columns: Von Neumann sd: ") and "Churn floor: " in said
     assert column_terms(shown + "\n" + said) == ""
     assert {c for c, _ in COLUMNS} == {"von Neumann sd", "churn floor"}
+
+
+def test_a_runs_config_reads_as_pyyamls_safe_loader_reads_it():
+    """Run.cfg parses with libyaml where PyYAML has it: on committed runs of every data tag,
+    the same dicts as yaml.safe_load (the pure-Python parser)."""
+    import yaml
+
+    from bnlab.paths import EXPERIMENTS
+
+    runs = [sorted(t.glob("*/seed*/config.yaml"))[:20] for t in sorted(
+        EXPERIMENTS.glob("runs*/*")) if t.is_dir()]
+    files = [f for group in runs for f in group]
+    assert len(files) >= 40
+    assert [Run(f.parent, None).cfg for f in files] == \
+        [yaml.safe_load(f.read_text()) for f in files]

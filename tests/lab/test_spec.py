@@ -1,0 +1,84 @@
+"""Composed configs kept on disk (bnlab.lab.spec's cache): the same configs as Hydra's, keyed
+on everything composition depends on."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from bnlab.errors import BnlabError
+from bnlab.lab import spec
+from bnlab.paths import EXPERIMENTS
+
+SPECS = sorted(EXPERIMENTS.glob("*/sweep.yaml"))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("BNLAB_CACHE", str(tmp_path))
+    return tmp_path / "composed"
+
+
+def test_every_committed_cell_composes_the_same_from_the_cache(cache, monkeypatch):
+    """Each cell composed once into the cache, then read back: the same resolved config as
+    Hydra's own composition without the cache."""
+    first = [c.cfg for p in SPECS for c in spec.load_spec(p).cells]
+    kept = len(list(cache.glob("*.pkl")))
+    assert kept >= len({tuple(c.overrides) for p in SPECS for c in spec.load_spec(p).cells})
+    again = [c.cfg for p in SPECS for c in spec.load_spec(p).cells]
+    monkeypatch.setenv("BNLAB_CACHE", "off")
+    hydra = [c.cfg for p in SPECS for c in spec.load_spec(p).cells]
+    assert len(hydra) > 200 and first == again == hydra
+    assert len(list(cache.glob("*.pkl"))) == kept  # read back, not composed again
+
+
+def test_the_cache_is_read_and_an_environment_interpolation_stays_live(cache, monkeypatch):
+    ov = ["norm=gn"]
+    spec.compose(ov)
+    (f,) = cache.glob("*.pkl")
+    planted = pickle.loads(f.read_bytes())
+    planted["epochs"] = 7  # what the cache holds is what a later compose gives
+    f.write_bytes(pickle.dumps(planted))
+    assert spec.compose(ov)["epochs"] == 7
+    assert planted["data"]["root"].startswith("${oc.env:BNLAB_DATA")  # kept unresolved
+    monkeypatch.setenv("BNLAB_DATA", "/somewhere/else")
+    assert spec.compose(ov)["data"]["root"] == "/somewhere/else"
+
+
+def test_a_changed_config_file_or_override_is_another_key(tmp_path, monkeypatch):
+    base = spec.compose_key(["norm=gn"])
+    assert spec.compose_key(["norm=gn"]) == base
+    assert spec.compose_key(["norm=bn"]) != base
+    configs = tmp_path / "configs"
+    for f in spec.CONFIGS.rglob("*"):
+        if f.is_file():
+            (configs / f.relative_to(spec.CONFIGS)).parent.mkdir(parents=True, exist_ok=True)
+            (configs / f.relative_to(spec.CONFIGS)).write_bytes(f.read_bytes())
+    monkeypatch.setattr(spec, "CONFIGS", configs)
+    assert spec.compose_key(["norm=gn"]) == base  # the same files, elsewhere: the same key
+    (configs / "norm" / "gn.yaml").write_text((configs / "norm" / "gn.yaml").read_text() + "\n")
+    assert spec.compose_key(["norm=gn"]) != base
+    assert "hydra-core==" in spec.composers() and "omegaconf==" in spec.composers()
+
+
+def test_a_damaged_entry_is_composed_again_and_a_bad_override_is_never_kept(cache):
+    good = spec.compose(["norm=gn"])
+    (f,) = cache.glob("*.pkl")
+    f.write_bytes(b"not a pickle")
+    assert spec.compose(["norm=gn"]) == good
+    assert pickle.loads(f.read_bytes())["norm"]["kind"] == "gn"  # replaced whole
+    with pytest.raises(BnlabError, match="do not compose"):
+        spec.compose(["norm=nosuchnorm"])
+    assert len(list(cache.glob("*"))) == 1
+
+
+def test_off_keeps_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("BNLAB_CACHE", "off")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert spec.cache_dir() is None
+    spec.compose(["norm=gn"])
+    assert list(tmp_path.rglob("*.pkl")) == []
+    monkeypatch.setenv("BNLAB_CACHE", "")
+    assert spec.cache_dir() == tmp_path / ".cache" / "bnlab" / "composed"
