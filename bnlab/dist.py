@@ -208,6 +208,13 @@ def print0(*args, **kwargs) -> None:
 # Local launch: one Hydra job starting its own N ranks (the machinery behind torchrun)
 
 
+# How local ranks start: "spawn", a fresh interpreter each, as a CUDA process must (a forked
+# child cannot use the CUDA context its parent made). The tests, on CPU alone, start theirs
+# from a fork server (tests/conftest.py): a spawned rank imports torch and bnlab again, about
+# ten times the cost of the gloo work most of them check.
+START_METHOD = "spawn"
+
+
 def launch_local(fn: Callable, nproc: int, *args) -> list:
     """Run `fn(*args)` on `nproc` local ranks through torch's elastic launcher; return results.
 
@@ -234,7 +241,7 @@ def launch_local(fn: Callable, nproc: int, *args) -> list:
         rdzv_endpoint="localhost:0",
         max_restarts=0,
         monitor_interval=0.5,
-        start_method="spawn",
+        start_method=START_METHOD,
     )
     results = elastic_launch(config, fn)(*args)
     return [results[r] for r in sorted(results)]
