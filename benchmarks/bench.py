@@ -360,19 +360,24 @@ def report_inputs(b: Bench) -> None:
     path = EXPERIMENTS / "practice" / "sweep.yaml"
     cells = len(yaml.safe_load(path.read_text())["cells"])
     hydra, kept = [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        os.environ["BNLAB_CACHE"] = tmp
-        spec.load_spec(path)  # the cache filled
-        for _ in range(b.n(3, 1)):
-            os.environ["BNLAB_CACHE"] = "off"
-            t = time.perf_counter()
-            spec.load_spec(path)
-            hydra.append(time.perf_counter() - t)
+    before = os.environ.get("BNLAB_CACHE")
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
             os.environ["BNLAB_CACHE"] = tmp
-            t = time.perf_counter()
-            spec.load_spec(path)
-            kept.append(time.perf_counter() - t)
-    del os.environ["BNLAB_CACHE"]
+            spec.load_spec(path)  # the cache filled
+            for _ in range(b.n(3, 1)):
+                os.environ["BNLAB_CACHE"] = "off"
+                t = time.perf_counter()
+                spec.load_spec(path)
+                hydra.append(time.perf_counter() - t)
+                os.environ["BNLAB_CACHE"] = tmp
+                t = time.perf_counter()
+                spec.load_spec(path)
+                kept.append(time.perf_counter() - t)
+    finally:  # the user's own setting back
+        os.environ.pop("BNLAB_CACHE", None)
+        if before is not None:
+            os.environ["BNLAB_CACHE"] = before
     b.row("report", f"table-practice's spec, its {cells} cells composed", m.median(kept), "s",
           m.median(hydra), "Hydra, each cell (BNLAB_CACHE=off)",
           note="a config file or override changed composes again through Hydra")

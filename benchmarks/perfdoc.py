@@ -85,9 +85,10 @@ WHY = {
                "runs), runs per hour computed from them for a 20-epoch run.",
     "report": "Before `make report` computes a table it composes every cell of its sweep spec "
               "(as train.py would, to find each run's folder) and reads every run's "
-              "config.yaml. Compositions are kept under ~/.cache/bnlab (BNLAB_CACHE; "
-              "`off` turns it off), keyed on the overrides, every file under configs/ and "
-              "the Hydra packages' versions, so only a changed config composes again.",
+              "config.yaml. Compositions are kept under ~/.cache/bnlab/composed "
+              "(docs/sweeps.md; BNLAB_CACHE=off turns it off), keyed on the overrides, every "
+              "file under configs/ and the Hydra packages' versions, so only a changed config "
+              "composes again.",
 }
 
 

@@ -209,9 +209,9 @@ def print0(*args, **kwargs) -> None:
 
 
 # How local ranks start: "spawn", a fresh interpreter each, as a CUDA process must (a forked
-# child cannot use the CUDA context its parent made). The tests, on CPU alone, start theirs
-# from a fork server (tests/conftest.py): a spawned rank imports torch and bnlab again, about
-# ten times the cost of the gloo work most of them check.
+# child cannot use the CUDA context its parent made). The tests start theirs from a fork
+# server (tests/conftest.py), which never touches CUDA: a spawned rank imports torch and bnlab
+# again, about ten times the cost of the gloo work most of them check.
 START_METHOD = "spawn"
 
 

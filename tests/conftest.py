@@ -57,9 +57,11 @@ def _fork_local_ranks() -> None:
     bnlab once and forks each rank (0.7-0.8 s against 14 s for two ranks of an all_reduce,
     measured side by side beside a sweep; its first launch 7 s). Not a plain fork of the test
     worker: pytest-xdist's worker runs threads of its own, and a rank forked from it hung at
-    joining its process group (3 tests errored after 300 s, in two of four runs). Runs the
-    tests start through train.py, torchrun or a sweep are their own processes and spawn their
-    ranks as a user's would."""
+    joining its process group (3 tests errored after 300 s, in two of four runs). The server
+    starts at the first launch of a test worker and its ranks see the environment of that
+    moment: a variable a test sets for its ranks reaches them only through the launch. Runs
+    the tests start as processes of their own (train.py through run_entry, torchrun, a sweep's
+    jobs) spawn their ranks as a user's would; train.py run in-process (run_here) does not."""
     import multiprocessing
 
     from bnlab import dist

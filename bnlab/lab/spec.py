@@ -12,6 +12,7 @@ import functools
 import hashlib
 import os
 import pickle
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -28,8 +29,10 @@ def compose(overrides: list[str], here: bool = True) -> dict:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    from bnlab import hydra_setup
     from bnlab.config import validate
 
+    hydra_setup.register()  # bnlab's resolvers, also where the composition comes from the cache
     try:
         cfg = OmegaConf.to_container(OmegaConf.create(composed(list(overrides))), resolve=True)
     except OmegaConfBaseException as e:
@@ -39,18 +42,20 @@ def compose(overrides: list[str], here: bool = True) -> dict:
 
 
 def not_composed(overrides: list[str], e: Exception) -> BnlabError:
+    """The one sentence for overrides that Hydra cannot compose or OmegaConf cannot resolve."""
     first = str(e).strip().splitlines()[0]
     return BnlabError(f"the overrides {' '.join(overrides)} do not compose: {first}")
 
 
 # ---- Hydra's composition, kept on disk --------------------------------------------------
 # A table's report and a sweep's start compose every cell of their specs (`make report`: over
-# two hundred), at most of a second each in Hydra, which reads the config files again for each
-# one. Composition depends only on the overrides, the files under configs/ and the installed
-# Hydra packages, so the composed config is kept under a key of all three (unresolved: an
-# ${oc.env:...} still reads the environment of each caller) and read back while they stay
-# the same. BNLAB_CACHE names the folder (default $XDG_CACHE_HOME/bnlab, else ~/.cache/bnlab);
-# BNLAB_CACHE=off turns it off; deleting the folder is always safe.
+# two hundred), each a fifth of a second or more in Hydra, which reads the config files again
+# for each one. Composition depends only on the overrides, the files under configs/ and the
+# installed Hydra packages, so the composed config is kept under a key of all three
+# (unresolved: an ${oc.env:...} still reads the environment of each caller) and read back
+# while they stay the same. The folder is $BNLAB_CACHE/composed, else
+# $XDG_CACHE_HOME/bnlab/composed, else ~/.cache/bnlab/composed; it holds pickles, so it must
+# be the user's own. BNLAB_CACHE=off (or 0, false, no) turns it off; deleting it is safe.
 
 
 CACHE_FORMAT = 1  # raised where hydra_compose changes what it keeps: older entries unread
@@ -90,38 +95,44 @@ def composed(overrides: list[str]) -> dict:
     """Hydra's composition of train.yaml with these overrides, unresolved, from the cache
     where it holds it; one sentence where the overrides do not compose (never cached)."""
     folder = cache_dir()
-    f = folder / f"{compose_key(overrides)}.pkl" if folder else None
-    if f is not None and f.is_file():
+    key = compose_key(overrides) if folder else None
+    if key is not None and (folder / f"{key}.pkl").is_file():
         try:
-            return pickle.loads(f.read_bytes())
-        except Exception:  # noqa: BLE001 - a damaged entry is composed again and replaced
+            return pickle.loads((folder / f"{key}.pkl").read_bytes())
+        except Exception:  # a damaged entry: composed again below, and replaced
             pass
     cfg = hydra_compose(overrides)
-    if f is not None:
-        try:  # written whole, then renamed: a reader never sees half of it
-            f.parent.mkdir(parents=True, exist_ok=True)
-            part = f.with_suffix(f".{os.getpid()}")
-            part.write_bytes(pickle.dumps(cfg))
-            os.replace(part, f)
-        except OSError:  # a read-only or full disk: compose each time instead
-            pass
+    if key is not None and compose_key(overrides) == key:  # no config file changed meanwhile
+        keep(folder / f"{key}.pkl", pickle.dumps(cfg))
     return cfg
+
+
+def keep(f: Path, data: bytes) -> None:
+    """`data` into `f`, written whole and then renamed (a reader never sees half of it); a
+    read-only or full disk keeps nothing, and the config is composed each time instead."""
+    part = None
+    try:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        fd, part = tempfile.mkstemp(dir=f.parent, suffix=".part")
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(part, f)
+    except OSError:
+        if part is not None:
+            Path(part).unlink(missing_ok=True)
 
 
 def hydra_compose(overrides: list[str]) -> dict:
     """Hydra's composition, unresolved, as plain containers."""
-    from hydra import compose as compose_train
+    from hydra import compose as hydra_compose_config
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from bnlab import hydra_setup
-
-    hydra_setup.register()
     try:
         with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-            cfg = compose_train("train", overrides=overrides)
+            cfg = hydra_compose_config("train", overrides=overrides)
         return OmegaConf.to_container(cfg, resolve=False)
     except (HydraException, OmegaConfBaseException) as e:
         raise not_composed(overrides, e) from e
