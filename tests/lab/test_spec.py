@@ -4,6 +4,7 @@ on everything composition depends on."""
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import pytest
 import yaml
@@ -71,16 +72,22 @@ def test_the_cache_is_read_and_an_environment_interpolation_stays_live(cache, mo
     assert spec.compose(ov)["data"]["root"] == "/somewhere/else"
 
 
-def test_a_changed_config_file_or_override_is_another_key(tmp_path, monkeypatch):
-    base = spec.compose_key(["norm=gn"])
-    assert spec.compose_key(["norm=gn"]) == base
-    assert spec.compose_key(["norm=bn"]) != base
+def copied_configs(tmp_path, monkeypatch) -> Path:
+    """configs/ copied into `tmp_path`, and bnlab.lab.spec composing from the copy."""
     configs = tmp_path / "configs"
     for f in spec.CONFIGS.rglob("*"):
         if f.is_file():
             (configs / f.relative_to(spec.CONFIGS)).parent.mkdir(parents=True, exist_ok=True)
             (configs / f.relative_to(spec.CONFIGS)).write_bytes(f.read_bytes())
     monkeypatch.setattr(spec, "CONFIGS", configs)
+    return configs
+
+
+def test_a_changed_config_file_or_override_is_another_key(tmp_path, monkeypatch):
+    base = spec.compose_key(["norm=gn"])
+    assert spec.compose_key(["norm=gn"]) == base
+    assert spec.compose_key(["norm=bn"]) != base
+    configs = copied_configs(tmp_path, monkeypatch)
     assert spec.compose_key(["norm=gn"]) == base  # the same files, elsewhere: the same key
     (configs / "norm" / "gn.yaml").write_text((configs / "norm" / "gn.yaml").read_text() + "\n")
     assert spec.compose_key(["norm=gn"]) != base
@@ -88,12 +95,7 @@ def test_a_changed_config_file_or_override_is_another_key(tmp_path, monkeypatch)
 
 
 def test_a_config_changed_while_it_composed_is_not_kept(cache, tmp_path, monkeypatch):
-    configs = tmp_path / "configs"
-    for f in spec.CONFIGS.rglob("*"):
-        if f.is_file():
-            (configs / f.relative_to(spec.CONFIGS)).parent.mkdir(parents=True, exist_ok=True)
-            (configs / f.relative_to(spec.CONFIGS)).write_bytes(f.read_bytes())
-    monkeypatch.setattr(spec, "CONFIGS", configs)
+    configs = copied_configs(tmp_path, monkeypatch)
     real = spec.hydra_compose
 
     def edited_meanwhile(overrides):  # a file saved while Hydra read the others
