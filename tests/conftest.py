@@ -59,7 +59,8 @@ def _fork_local_ranks() -> None:
     worker: pytest-xdist's worker runs threads of its own, and a rank forked from it hung at
     joining its process group (3 tests errored after 300 s, in two of four runs). The server
     starts at the first launch of a test worker and its ranks see the environment of that
-    moment: a variable a test sets for its ranks reaches them only through the launch. Runs
+    moment, not of the launch that made them (torch's launcher adds only its own: RANK,
+    MASTER_ADDR and the like). Runs
     the tests start as processes of their own (train.py through run_entry, torchrun, a sweep's
     jobs) spawn their ranks as a user's would; train.py run in-process (run_here) does not."""
     import multiprocessing
