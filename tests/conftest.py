@@ -60,9 +60,9 @@ def _fork_local_ranks() -> None:
     joining its process group (3 tests errored after 300 s, in two of four runs). The server
     starts at the first launch of a test worker and its ranks see the environment of that
     moment, not of the launch that made them (torch's launcher adds only its own: RANK,
-    MASTER_ADDR and the like). Runs
-    the tests start as processes of their own (train.py through run_entry, torchrun, a sweep's
-    jobs) spawn their ranks as a user's would; train.py run in-process (run_here) does not."""
+    MASTER_ADDR and the like). Runs the tests start as processes of their own (train.py
+    through run_entry, torchrun, a sweep's jobs) spawn their ranks as a user's would; train.py
+    run in-process (run_here) does not."""
     import multiprocessing
 
     from bnlab import dist
@@ -102,11 +102,10 @@ def _compose_once() -> None:
                 done[key] = pickle.loads(f.read_bytes())
             else:
                 done[key] = real(config_name, overrides, return_hydra_config, strict)
-                if f is not None:  # written whole, then renamed: a reader never sees half
-                    f.parent.mkdir(exist_ok=True)
-                    part = f.with_suffix(f".{os.getpid()}")
-                    part.write_bytes(pickle.dumps(done[key]))
-                    os.replace(part, f)
+                if f is not None:  # bnlab's cache writer: a reader never sees half
+                    from bnlab.lab.spec import keep
+
+                    keep(f, pickle.dumps(done[key]))
         return copy.deepcopy(done[key])
 
     hydra.compose = compose
