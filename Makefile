@@ -34,7 +34,7 @@ install: ## install everything with uv from uv.lock (into .venv): the core and e
 	$(UV) sync --frozen --all-extras --compile-bytecode
 
 test: install ## run the test suite on CPU, one worker per core (slow tests excluded; ~7 min on 2 cores)
-	$(PY) -m pytest -q -n auto --durations=20
+	$(PY) -m pytest -q -n auto --dist worksteal --durations=20
 
 test-gpu: $(INSTALL) ## on a CUDA machine: the cuda tests, then the GPU benchmark section (docs/performance.md)
 	@$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu: no CUDA device is visible; run it on a GPU machine.')"
