@@ -97,7 +97,7 @@ def text_problems(fig) -> list[str]:
     entry that leaves the canvas, or two that overlap (tick labels of one axis with each other,
     any text with a title, text drawn on an axes with other such text or a legend). Empty when
     the figure reads cleanly."""
-    fig.canvas.draw()
+    fig.draw_without_rendering()  # every text placed as a draw places it, no pixels painted
     r = fig.canvas.get_renderer()
     canvas = fig.bbox
     texts = []  # (what, bbox)
