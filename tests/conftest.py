@@ -147,26 +147,10 @@ def run_entry(script: str, *args: str, cwd: Path, launcher: list[str] | None = N
 _ENTRIES: dict = {}
 
 
-def run_here(script: str, *args: str, cwd: Path, env: dict | None = None
-             ) -> subprocess.CompletedProcess:
-    """`python <script> args` (train.py / evaluate.py) run inside this process, for tests where
-    a new interpreter is not the point: the same checks, Hydra main and exit status, output
-    captured, without starting Python and importing torch again (seconds per call). The
-    working folder, environment, argv, torch's thread count and the signal handlers are
-    given back afterwards. Each call gets its own run stamp, as a new interpreter would, and
-    the warnings Python would print (its default filters) are appended to its stderr."""
-    import contextlib
+def _entry(script: str):
+    """train.py or evaluate.py as a module, loaded once: its Hydra main and its precheck."""
     import importlib.util
-    import io
-    import signal
-    import warnings
 
-    import torch
-
-    from bnlab import hydra_setup
-
-    if script not in ("train.py", "evaluate.py"):  # not a Hydra entry point: as a user runs it
-        return run_entry(script, *args, cwd=cwd, env=env)
     if script not in _ENTRIES:
         spec = importlib.util.spec_from_file_location(f"_entry_{Path(script).stem}", ROOT / script)
         module = importlib.util.module_from_spec(spec)
@@ -176,8 +160,41 @@ def run_here(script: str, *args: str, cwd: Path, env: dict | None = None
             task = task.__wrapped__
         task.__module__ = "__main__"  # Hydra then finds configs/ beside the script, as run
         _ENTRIES[script] = module
-    entry = _ENTRIES[script]
-    name = "evaluate" if Path(script).stem == "evaluate" else "train"
+    return _ENTRIES[script]
+
+
+def run_here(script: str, *args: str, cwd: Path, env: dict | None = None
+             ) -> subprocess.CompletedProcess:
+    """`python <script> args` (train.py, evaluate.py, bnlab/lab/sweep.py) run inside this
+    process, for tests where a new interpreter is not the point: the same checks, main and
+    exit status, output captured, without starting Python and importing torch again (seconds
+    per call). The working folder, environment, argv, torch's thread count and the signal
+    handlers are given back afterwards. Each call gets its own run stamp, as a new
+    interpreter would, and the warnings Python would print (its default filters) are
+    appended to its stderr. Any other script runs as a user runs it (run_entry)."""
+    import contextlib
+    import io
+    import signal
+    import warnings
+
+    import torch
+
+    from bnlab import hydra_setup
+
+    if script == "bnlab/lab/sweep.py":  # its argparse main(argv), as the script calls it
+        from bnlab.lab import sweep
+
+        def call():
+            sys.exit(sweep.main(list(args)))
+    elif script not in ("train.py", "evaluate.py"):  # anything else: as a user runs it
+        return run_entry(script, *args, cwd=cwd, env=env)
+    else:
+        entry = _entry(script)
+        name = "evaluate" if Path(script).stem == "evaluate" else "train"
+
+        def call():
+            entry.precheck.check_or_exit(list(args), name)
+            entry.main()
     out, err = io.StringIO(), io.StringIO()
     saved = (sys.argv, os.getcwd(), dict(os.environ), torch.get_num_threads(),
              {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)})
@@ -200,8 +217,7 @@ def run_here(script: str, *args: str, cwd: Path, env: dict | None = None
                           ResourceWarning):     # what Python hides outside __main__
                 warnings.filterwarnings("ignore", category=quiet)
             try:
-                entry.precheck.check_or_exit(list(args), name)
-                entry.main()
+                call()
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             except BaseException:  # as an uncaught exception ends `python script`
