@@ -197,7 +197,8 @@ def run_here(script: str, *args: str, cwd: Path, env: dict | None = None
             entry.main()
     out, err = io.StringIO(), io.StringIO()
     saved = (sys.argv, os.getcwd(), dict(os.environ), torch.get_num_threads(),
-             {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)})
+             {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1,
+                                               signal.SIGUSR2)})
     os.environ.pop("BNLAB_RUN_STAMP", None)
     saved_stamp, hydra_setup._stamp = hydra_setup._stamp, None
     for k, v in (env or {}).items():
