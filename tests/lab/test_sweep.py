@@ -303,11 +303,12 @@ def all_pairs(cells: list[Cell]) -> list[Cell]:
     setting runs beside every other setting it meets in a committed cell. Combinations of
     three or more settings are left to the slow test below (45 of the 79 code paths run
     here when this was written)."""
-    todo, out = set().union(*(_pairs(code_path(c.cfg)) for c in cells)), []
+    pairs = [_pairs(code_path(c.cfg)) for c in cells]  # each cell's, computed once
+    todo, out = set().union(*pairs), []
     while todo:
-        best = max(cells, key=lambda c: len(_pairs(code_path(c.cfg)) & todo))
-        out.append(best)
-        todo -= _pairs(code_path(best.cfg))
+        best = max(range(len(cells)), key=lambda i: len(pairs[i] & todo))
+        out.append(cells[best])
+        todo -= pairs[best]
     return out
 
 
