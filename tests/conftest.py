@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -309,15 +310,38 @@ def fake_headline_run(d: Path, accs: list[float], *, epochs: int = 20, decomp=No
     epoch end, this many points above."""
     import json
 
-    import numpy as np
     import yaml
 
     from bnlab.lab.results import Run
-    from bnlab.metrics import PREDICTIONS, encode_classes
+    from bnlab.metrics import PREDICTIONS
     from bnlab.rundir import set_status
 
-    rng = np.random.default_rng(seed)
     d.mkdir(parents=True)
+    metrics, preds = fake_headline_texts(tuple(accs), epochs, None if decomp is None else
+                                         tuple(decomp), batch, precise, seed, churn, images)
+    (d / "metrics.jsonl").write_text(metrics)
+    (d / PREDICTIONS).write_text(preds)
+    (d / "run.json").write_text(json.dumps({"commit": "abc", "host": "h", "device": "cpu",
+                                            **(info or {})}))
+    (d / "config.yaml").write_text(yaml.safe_dump({"data": {"holdout": 0}}))
+    set_status(d, "completed")
+    return Run.read(d, seed)
+
+
+@functools.lru_cache(maxsize=4096)
+def fake_headline_texts(accs: tuple, epochs: int, decomp: tuple | None, batch: bool,
+                        precise: float | None, seed: int, churn: bool, images: int
+                        ) -> tuple[str, str]:
+    """fake_headline_run's metrics.jsonl and predictions.jsonl, once for each set of
+    arguments: the claims' tests build the same runs again and again (over a thousand a
+    session, 100 evaluations of 1,000 images each), and the texts depend on nothing else."""
+    import json
+
+    import numpy as np
+
+    from bnlab.metrics import encode_classes
+
+    rng = np.random.default_rng(seed)
     kinds = ("ema", "precise", "batch") if batch else ("ema",)
     rows, preds = [], [json.dumps({"step": 0, "labels": encode_classes(np.zeros(images))})]
     for i, a in enumerate(accs):
@@ -338,10 +362,4 @@ def fake_headline_run(d: Path, accs: list[float], *, epochs: int = 20, decomp=No
         preds += [json.dumps({"step": i + 1, "epoch": ep, "kind": kind, "pred": wrong})
                   for kind in kinds]
     rows.append({"step": 999, "epoch": epochs, "train/loss": 1.0, "train_epoch/loss": 1.0})
-    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (d / PREDICTIONS).write_text("\n".join(preds) + "\n")
-    (d / "run.json").write_text(json.dumps({"commit": "abc", "host": "h", "device": "cpu",
-                                            **(info or {})}))
-    (d / "config.yaml").write_text(yaml.safe_dump({"data": {"holdout": 0}}))
-    set_status(d, "completed")
-    return Run.read(d, seed)
+    return "".join(json.dumps(r) + "\n" for r in rows), "\n".join(preds) + "\n"
