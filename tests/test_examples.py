@@ -5,9 +5,15 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 
+# CI time (17 s: torchrun and two ranks, each a new interpreter); make test-slow runs it. CI
+# still runs real gloo DDP (test_simulate.py, test_precise_bn.py, test_bn_sync.py) and the
+# API the example calls (test_normact.py, test_doctor.py, test_precise_bn.py).
+@pytest.mark.slow
 def test_ddp_example_trains_on_two_gloo_ranks(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            str(ROOT / "examples/ddp_own_model.py"), "--steps", "3"]

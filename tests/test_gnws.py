@@ -103,6 +103,7 @@ def test_only_convs_that_feed_a_converted_layer_are_standardized():
     assert conv(torch.randn(2, 3, 8, 8)).shape == (2, 4, 4, 4)
 
 
+@pytest.mark.slow  # CI time (3 s); in CI the sweep's code-path cells train gnws (test_sweep.py)
 def test_gnws_trains_through_train_py(tmp_path):
     from conftest import run_here
 

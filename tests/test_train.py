@@ -370,20 +370,34 @@ def test_the_defaults_train_at_four_ranks_of_two(tmp_path):
     assert len(losses) == 6 and max(losses) < 5.0, losses
 
 
+MULTIRUN = ["-m", "model=resnet20", "data=synthetic", "data.num_train=32", "data.num_val=16",
+            "epochs=1", "batch_per_gpu=8", "max_steps=2", "eval_every=1", "progress=false",
+            "dist.threads=1", "diagnostics.enabled=false", "seed=0,1"]
+
+
+def _two_jobs_completed(r, out) -> None:
+    assert r.returncode == 0, r.stderr[-3000:]
+    statuses = sorted((out / "train").rglob("status.json"))
+    assert len(statuses) == 2
+    assert all(json.loads(s.read_text())["status"] == "completed" for s in statuses)
+    assert "| 0 | 0 | completed |" in r.stdout and "| 1 | 1 | completed |" in r.stdout
+
+
+def test_a_multirun_of_two_seeds_runs_both_and_prints_its_table(tmp_path):
+    """`python train.py -m ... seed=0,1` with Hydra's own launcher (the jobs one after the
+    other): both runs complete and the multirun's table lists them."""
+    _two_jobs_completed(run_here("train.py", *MULTIRUN, f"output_dir={tmp_path}", cwd=tmp_path),
+                        tmp_path)
+
+
+@pytest.mark.slow  # CI time (19 s: two jobs, each a new interpreter); make test-slow runs it
 def test_a_multirun_through_hydras_submitit_launcher(tmp_path):
     """hydra-submitit-launcher is in the lock (the slurm extra, which make install includes):
     a 2-job local multirun through it completes both runs and prints the multirun's table."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    r = run_entry("train.py", "-m", "hydra/launcher=submitit_local", "model=resnet20",
-                  "data=synthetic", "data.num_train=32", "data.num_val=16", "epochs=1",
-                  "batch_per_gpu=8", "max_steps=2", "eval_every=1", "progress=false",
-                  "dist.threads=1", "diagnostics.enabled=false", "seed=0,1",
+    r = run_entry("train.py", *MULTIRUN, "hydra/launcher=submitit_local",
                   f"output_dir={tmp_path}", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    statuses = sorted((tmp_path / "train").rglob("status.json"))
-    assert len(statuses) == 2
-    assert all(json.loads(s.read_text())["status"] == "completed" for s in statuses)
-    assert "| 0 | 0 | completed |" in r.stdout and "| 1 | 1 | completed |" in r.stdout
+    _two_jobs_completed(r, tmp_path)
 
 
 def test_brn_ramp_of_the_run_and_precise_bn_before_each_evaluation_reach_the_run(single_run,
