@@ -123,19 +123,74 @@ def keep(f: Path, data: bytes) -> None:
 
 
 def hydra_compose(overrides: list[str]) -> dict:
-    """Hydra's composition, unresolved, as plain containers."""
-    from hydra import compose as hydra_compose_config
+    """Hydra's composition, unresolved, as plain containers.
+
+    Hydra composes in two steps: the defaults lists, with the overrides that choose config
+    groups (`experiment=values`, `norm=gn`), then every other override (`optim.lr=0.05`)
+    applied to the merged config. The first step is most of the time and most cells of a
+    spec share it, so it is done once for each set of group choices (`base`) and the second
+    step runs Hydra's own code on a copy. Overrides of Hydra's own settings or sweeps
+    (`a=1,2`) take Hydra's path whole."""
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     try:
         with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-            cfg = hydra_compose_config("train", overrides=overrides)
-        return OmegaConf.to_container(cfg, resolve=False)
+            split = split_overrides(overrides)
+            if split is None or not split[1]:
+                return compose_whole(overrides)
+            return apply_values(base(tuple(split[0]), compose_key(split[0])), split[1])
     except (HydraException, OmegaConfBaseException) as e:
         raise not_composed(overrides, e) from e
+
+
+def compose_whole(overrides: list[str]) -> dict:
+    """Hydra's compose of train.yaml (inside initialize_config_dir), as plain containers."""
+    from hydra import compose as hydra_compose_config
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(hydra_compose_config("train", overrides=overrides),
+                                  resolve=False)
+
+
+def split_overrides(overrides: list[str]) -> tuple[list[str], list] | None:
+    """The overrides that choose config groups (as given) and the others (as Hydra parsed
+    them), split as Hydra splits them (a dict value is never a choice); None where Hydra's
+    own settings or a sweep are among them."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    repo = GlobalHydra.instance().hydra.config_loader.repository
+    groups, values = [], []
+    for line, o in zip(overrides, OverridesParser.create().parse_overrides(overrides),
+                       strict=True):
+        if o.is_sweep_override() or o.key_or_group.split("/")[0].split(".")[0] == "hydra":
+            return None
+        if isinstance(o.value(), dict) or not repo.group_exists(o.key_or_group):
+            values.append(o)
+        else:
+            groups.append(line)
+    return groups, values
+
+
+@functools.lru_cache(maxsize=256)
+def base(groups: tuple[str, ...], key: str) -> dict:
+    """The composition of these group choices alone (`key`: compose_key's, so that an edited
+    config file is composed again)."""
+    return compose_whole(list(groups))
+
+
+def apply_values(cfg: dict, values: list) -> dict:
+    """The other overrides applied as Hydra applies them: to the merged config in struct
+    mode (a new key needs `+`), by Hydra's own function."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from omegaconf import OmegaConf
+
+    conf = OmegaConf.create(cfg)
+    OmegaConf.set_struct(conf, True)
+    ConfigLoaderImpl._apply_overrides_to_config(values, conf)
+    return OmegaConf.to_container(conf, resolve=False)
 
 
 def data_overrides(data: str | None) -> list[str]:
