@@ -367,6 +367,7 @@ def report_inputs(b: Bench) -> None:
             spec.load_spec(path)  # the cache filled
             for _ in range(b.n(3, 1)):
                 os.environ["BNLAB_CACHE"] = "off"
+                spec.base.cache_clear()  # no group choice composed before in this process
                 t = time.perf_counter()
                 spec.load_spec(path)
                 hydra.append(time.perf_counter() - t)
@@ -381,6 +382,10 @@ def report_inputs(b: Bench) -> None:
     b.row("report", f"table-practice's spec, its {cells} cells composed", m.median(kept), "s",
           m.median(hydra), "Hydra, each cell (BNLAB_CACHE=off)",
           note="a config file or override changed composes again through Hydra")
+    two, one = compose_steps(b)
+    b.row("report", f"every committed cell ({two[1]}) composed in two steps", m.median(two[0]),
+          "s", m.median(one), "Hydra's one-step compose of each",
+          note="the group choices once each, the other overrides by Hydra's own function")
     texts = [Path(f).read_text() for f in sorted(glob.glob(
         str(EXPERIMENTS / "runs*" / "**" / "config.yaml"), recursive=True))]
     texts = texts[:b.n(len(texts), 100)]
@@ -394,6 +399,34 @@ def report_inputs(b: Bench) -> None:
         slow.append(time.perf_counter() - t)
     b.row("report", f"the committed runs' config.yaml, {len(texts)} parsed", m.median(fast), "s",
           m.median(slow), "yaml.safe_load (pure Python)", note=f"loader {SAFE_LOADER.__name__}")
+
+
+def compose_steps(b: Bench) -> tuple[tuple[list[float], int], list[float]]:
+    """spec.hydra_compose (the group choices composed once each, the other overrides applied)
+    against Hydra's compose of all the overrides at once, on every committed cell (without
+    the kept compositions, and nothing composed before in the process)."""
+    import yaml
+    from hydra import initialize_config_dir
+
+    from bnlab.lab import spec
+    from bnlab.paths import CONFIGS, EXPERIMENTS
+
+    cells = sorted({(f"experiment={raw['experiment']}", *c.get("overrides", []))
+                    for raw in (yaml.safe_load(p.read_text())
+                                for p in sorted(EXPERIMENTS.glob("*/sweep.yaml")))
+                    for c in raw["cells"]})
+    cells = cells[:b.n(len(cells), 20)]
+    two, one = [], []
+    for _ in range(b.n(3, 1)):
+        spec.base.cache_clear()
+        t = time.perf_counter()
+        [spec.hydra_compose(list(ov)) for ov in cells]
+        two.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+            [spec.compose_whole(list(ov)) for ov in cells]
+        one.append(time.perf_counter() - t)
+    return (two, len(cells)), one
 
 
 SECTIONS: dict[str, Callable[[Bench], None]] = {
