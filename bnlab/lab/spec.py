@@ -130,7 +130,9 @@ def hydra_compose(overrides: list[str]) -> dict:
     applied to the merged config. The first step is most of the time and most cells of a
     spec share it, so it is done once for each set of group choices (`base`) and the second
     step runs Hydra's own code on a copy. Overrides of Hydra's own settings or sweeps
-    (`a=1,2`) take Hydra's path whole."""
+    (`a=1,2`) take Hydra's path whole, as do values that refer to Hydra's settings
+    (`+x=${hydra.job.chdir}`). A value Hydra refuses with a ValueError (`norm=null`) is one
+    sentence too."""
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -141,7 +143,7 @@ def hydra_compose(overrides: list[str]) -> dict:
             if split is None or not split[1]:
                 return compose_whole(overrides)
             return apply_values(base(tuple(split[0]), compose_key(split[0])), split[1])
-    except (HydraException, OmegaConfBaseException) as e:
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
         raise not_composed(overrides, e) from e
 
 
@@ -165,7 +167,8 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], list] | None:
     groups, values = [], []
     for line, o in zip(overrides, OverridesParser.create().parse_overrides(overrides),
                        strict=True):
-        if o.is_sweep_override() or o.key_or_group.split("/")[0].split(".")[0] == "hydra":
+        if o.is_sweep_override() or o.key_or_group.split("/")[0].split(".")[0] == "hydra" \
+                or "${hydra." in line:  # Hydra's node, which the first step leaves out
             return None
         if isinstance(o.value(), dict) or not repo.group_exists(o.key_or_group):
             values.append(o)
