@@ -60,7 +60,7 @@ test-slow: install ## run only the slow tests
 lint: install ## ruff check
 	$(UV) run --frozen ruff check .
 
-demo: install ## bn, syncbn and gn at 4 ranks x 2, side by side, in one plot (~2 min; DATA=<dir> for CIFAR-10)
+demo: install ## bn, syncbn and gn at 4 ranks x 2, side by side, in one plot (~3 min; DATA=<dir> for CIFAR-10)
 	$(PY) -m bnlab.lab.demo --out $(DEMO_DIR) $(if $(DATA),--data $(DATA))
 
 bench: install ## benchmarks (quiet machine, ~15 min; ONLY=sim,syncbn,...) + docs/performance.md
