@@ -411,7 +411,7 @@ def compose_steps(b: Bench) -> tuple[tuple[list[float], int], list[float]]:
     from bnlab.lab import spec
     from bnlab.paths import CONFIGS, EXPERIMENTS
 
-    cells = sorted({(f"experiment={raw['experiment']}", *c.get("overrides", []))
+    cells = sorted({tuple(spec.cell_overrides(raw, c))
                     for raw in (yaml.safe_load(p.read_text())
                                 for p in sorted(EXPERIMENTS.glob("*/sweep.yaml")))
                     for c in raw["cells"]})

@@ -215,7 +215,7 @@ def spec_from(raw: dict, path: Path, data: str | None = None, name: str | None =
     exp, seeds = raw["experiment"], raw.get("seeds", [0, 1, 2])
     cells = []
     for c in raw["cells"]:
-        ov = [f"experiment={exp}", *c.get("overrides", [])]
+        ov = cell_overrides(raw, c)
         meta = {k: v for k, v in c.items() if k not in ("label", "overrides", "seeds")}
         cell = Cell(c["label"], ov, c.get("seeds", seeds), meta=meta)
         cell.cfg = compose(ov + data_overrides(data), here)
@@ -223,6 +223,12 @@ def spec_from(raw: dict, path: Path, data: str | None = None, name: str | None =
     extra = {k: v for k, v in raw.items() if k not in ("title", "experiment", "seeds", "cells")}
     name = name or path.parent.name
     return Spec(name, raw.get("title", name), exp, cells, path, extra)
+
+
+def cell_overrides(raw: dict, cell: dict) -> list[str]:
+    """A spec cell's overrides as its runs get them (before --data's): the spec's experiment,
+    then the cell's own."""
+    return [f"experiment={raw['experiment']}", *cell.get("overrides", [])]
 
 
 def data_tag(cfg: dict) -> str:

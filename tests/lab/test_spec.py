@@ -44,8 +44,7 @@ def committed_cells() -> list[list[str]]:
     cells = []
     for p in SPECS:
         raw = yaml.safe_load(p.read_text())
-        cells += [[f"experiment={raw['experiment']}", *c.get("overrides", [])]
-                  for c in raw["cells"]]
+        cells += [spec.cell_overrides(raw, c) for c in raw["cells"]]
     return [list(ov) for ov in sorted({tuple(ov) for ov in cells})]
 
 
@@ -104,7 +103,7 @@ def test_two_steps_compose_what_hydra_composes_in_one():
     firsts = []
     for p in SPECS:
         raw = yaml.safe_load(p.read_text())
-        firsts.append([f"experiment={raw['experiment']}", *raw["cells"][0].get("overrides", [])])
+        firsts.append(spec.cell_overrides(raw, raw["cells"][0]))
     spec.base.cache_clear()
     for ov in [*EDGES, *firsts]:
         assert two_steps(ov) == whole(ov), ov
