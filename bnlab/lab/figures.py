@@ -35,11 +35,18 @@ def save(fig, path: Path, title: str | None = None, dpi: int = 110,
     if title is not None:
         fig.suptitle(title)
     fig.tight_layout()
-    for problem in text_problems(fig):
+    found: list[str] = []  # the text checked in savefig's own draw, not in a draw of its own
+
+    def check(event) -> None:
+        found[:] = text_problems(fig, event.renderer)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    watch = fig.canvas.mpl_connect("draw_event", check)
+    fig.savefig(path, dpi=dpi)
+    fig.canvas.mpl_disconnect(watch)
+    for problem in found:
         PROBLEMS.append((str(path), problem))
         print(f"bnlab: warning: figure {path}: {problem}", file=sys.stderr)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
     plt.close(fig)
 
 
@@ -92,13 +99,15 @@ def legend(ax, size: int) -> None:
         ax.legend(fontsize=size)
 
 
-def text_problems(fig) -> list[str]:
+def text_problems(fig, renderer=None) -> list[str]:
     """Text in a drawn figure that a reader cannot read: a title, label, tick label or legend
     entry that leaves the canvas, or two that overlap (tick labels of one axis with each other,
     any text with a title, text drawn on an axes with other such text or a legend). Empty when
-    the figure reads cleanly."""
-    fig.draw_without_rendering()  # every text placed as a draw places it, no pixels painted
-    r = fig.canvas.get_renderer()
+    the figure reads cleanly. `renderer`: the one that has just drawn it (at the end of
+    savefig's draw, where save checks); without it, the figure is drawn here first."""
+    if renderer is None:
+        fig.draw_without_rendering()  # every text placed as a draw places it, no pixels painted
+    r = renderer or fig.canvas.get_renderer()
     canvas = fig.bbox
     texts = []  # (what, bbox)
     if fig._suptitle is not None and fig._suptitle.get_text():

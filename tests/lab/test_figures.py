@@ -63,3 +63,29 @@ def test_labels_drawn_over_each_other_fail_the_report(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 1 and "overlaps" in err and "1 figure text problem" in err
     assert (tmp_path / "exp" / "overdrawn" / "overdrawn.png").is_file()  # written all the same
+
+
+def test_save_checks_the_text_in_savefigs_own_draw_as_a_draw_of_its_own_finds_it(tmp_path):
+    """save checks the text at the end of savefig's draw (one draw, not two): the problems it
+    finds are those text_problems finds in a draw of its own, and the figure is written."""
+    from bnlab.lab import figures
+
+    def narrow():
+        fig, ax = figures.plt.subplots(figsize=(3, 2))
+        ax.set_xticks(range(4), [f"a long category name {i}" for i in range(4)])
+        ax.text(0.5, 0.5, "BN 1.39x", transform=ax.transAxes)
+        ax.text(0.5, 0.5, "SyncBN", transform=ax.transAxes)  # over the first
+        return fig
+
+    fig = narrow()
+    fig.suptitle("a title far too long for a figure this narrow, running off its edges")
+    fig.tight_layout()
+    alone = figures.text_problems(fig)
+    figures.plt.close(fig)
+    figures.PROBLEMS.clear()
+    figures.save(narrow(), tmp_path / "narrow.png", "a title far too long for a figure this "
+                 "narrow, running off its edges")
+    found = [p for f, p in figures.PROBLEMS if f == str(tmp_path / "narrow.png")]
+    figures.PROBLEMS.clear()
+    assert found == alone and len(alone) >= 3  # overlapping ticks, labels, the title's edges
+    assert (tmp_path / "narrow.png").stat().st_size > 0
