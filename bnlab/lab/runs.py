@@ -18,7 +18,6 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 
 from bnlab.errors import BnlabError
-from bnlab.lab.figures import legend, nothing_yet, plt, save
 from bnlab.lab.page import md_table
 from bnlab.lab.results import Run, fmt
 
@@ -73,6 +72,8 @@ def table(runs: list[Run], root: Path | None = None) -> str:
 
 def plot(runs: list[Run], out: Path) -> None:
     """Val acc and val loss of every run side by side, each labelled with its jitter."""
+    from bnlab.lab.figures import legend, nothing_yet, plt, save  # matplotlib: only to draw
+
     fig, (acc, loss) = plt.subplots(1, 2, figsize=(13, 4.8))
     labels = [" ".join(f"{k}={v}" for k, v in d.items()) or r.path.name
               for r, d in zip(runs, differing(runs), strict=True)]
