@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,13 @@ ROOT = Path(__file__).resolve().parent.parent
 # Tests sweep into temporary folders, from whatever tree they run in (a developer's is often
 # dirty); test_sweep.py checks the refusal with this unset.
 os.environ.setdefault("BNLAB_ALLOW_DIRTY", "1")
-# No composed config kept on disk (bnlab.lab.spec's cache, in the user's ~/.cache): every test
-# composes through Hydra (shared within the session below); test_spec.py tests the cache.
+# bnlab.lab.spec's cache of composed configs is kept for this test session only, in a folder
+# of its temporary directory (pytest_configure below), never in the user's ~/.cache: the
+# committed sweeps' cells are composed by the sweep tests' collection in every worker, by
+# `make report`'s rebuild and by the claims' tests, and each composition after the first is
+# read back. Nothing is kept before that folder is known; test_spec.py tests the cache itself.
+# A BNLAB_CACHE set by the caller is left as it is.
+SESSION_CACHE = "BNLAB_CACHE" not in os.environ
 os.environ.setdefault("BNLAB_CACHE", "off")
 # One torch thread in this process and in the ones the tests start (set before torch is
 # imported): the tests' models and batches are tiny, and on a 2-core machine shared with
@@ -119,6 +126,11 @@ def pytest_configure(config):
     basetemp = getattr(config, "workerinput", None) and config.option.basetemp
     if basetemp:  # an xdist worker's, inside the session's: share the session's
         SHARED.append(Path(basetemp).parent / "composed")
+    if SESSION_CACHE:  # the workers' shared folder, else one of this process's own
+        folder = Path(basetemp).parent if basetemp else Path(tempfile.mkdtemp(prefix="bnlab-"))
+        os.environ["BNLAB_CACHE"] = str(folder)  # the cache is its `composed` subfolder
+        if not basetemp:
+            config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 _compose_once()
