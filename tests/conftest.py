@@ -122,6 +122,36 @@ def _compose_once() -> None:
 SHARED: list[Path] = []  # under pytest-xdist: the folder the workers' compositions go to
 
 
+def _resolve_once() -> None:
+    """bnlab.lab.spec.resolve, each composition resolved once per test process and handed out
+    as a copy: resolving through OmegaConf is most of the time of a composition read back from
+    the cache (25 ms against 3 ms), and the tests compose the committed cells hundreds of times
+    in each worker. A resolved config depends on the composition and on the environment
+    variables its `${oc.env:...}` read, which are the key; a composition with any other
+    resolver (bnlab's `${run_stamp:}`, say) is resolved each time, as is one that fails."""
+    import copy
+    import re
+
+    from bnlab.lab import spec
+
+    real, done = spec.resolve, {}
+
+    def resolve(cfg: dict) -> dict:
+        text = repr(cfg)  # plain containers: the whole composition
+        if not set(re.findall(r"\$\{([\w.]*):", text)) <= {"oc.env"}:
+            return real(cfg)
+        key = (text, tuple((v, os.environ.get(v)) for v in
+                           sorted(set(re.findall(r"\$\{oc\.env:([^,}]+)", text)))))
+        if key not in done:
+            done[key] = real(cfg)
+        return copy.deepcopy(done[key])
+
+    spec.resolve = resolve
+
+
+_resolve_once()
+
+
 def pytest_configure(config):
     basetemp = getattr(config, "workerinput", None) and config.option.basetemp
     if basetemp:  # an xdist worker's, inside the session's: share the session's

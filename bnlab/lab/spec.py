@@ -26,7 +26,6 @@ from bnlab.paths import CONFIGS
 def compose(overrides: list[str], here: bool = True) -> dict:
     """The resolved training config for these overrides, as train.py would build it (checked
     against this machine's devices unless `here` is False: runs that train elsewhere)."""
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from bnlab import hydra_setup
@@ -34,11 +33,19 @@ def compose(overrides: list[str], here: bool = True) -> dict:
 
     hydra_setup.register()  # bnlab's resolvers, also where the composition comes from the cache
     try:
-        cfg = OmegaConf.to_container(OmegaConf.create(composed(list(overrides))), resolve=True)
+        cfg = resolve(composed(list(overrides)))
     except OmegaConfBaseException as e:
         raise not_composed(overrides, e) from e
     validate(cfg, here)
     return cfg
+
+
+def resolve(cfg: dict) -> dict:
+    """A composition's interpolations resolved, as plain containers (`${oc.env:...}` reads the
+    environment of this call)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.create(cfg), resolve=True)
 
 
 def not_composed(overrides: list[str], e: Exception) -> BnlabError:
