@@ -33,7 +33,7 @@ install: ## install everything with uv from uv.lock (into .venv): the core and e
 	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install -q uv
 	$(UV) sync --frozen --all-extras --compile-bytecode
 
-test: install ## run the test suite on CPU, one worker per core (slow tests excluded; ~6 min on 2 cores)
+test: install ## run the test suite on CPU, one worker per core (slow tests excluded; ~5 min on 2 cores)
 	$(PY) -m pytest -q -n auto --dist worksteal --durations=20
 
 test-gpu: $(INSTALL) ## on a CUDA machine: the cuda tests, then the GPU benchmark section (docs/performance.md)
