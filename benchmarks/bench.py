@@ -405,16 +405,12 @@ def compose_steps(b: Bench) -> tuple[tuple[list[float], int], list[float]]:
     """spec.hydra_compose (the group choices composed once each, the other overrides applied)
     against Hydra's compose of all the overrides at once, on every committed cell (without
     the kept compositions, and nothing composed before in the process)."""
-    import yaml
     from hydra import initialize_config_dir
 
     from bnlab.lab import spec
-    from bnlab.paths import CONFIGS, EXPERIMENTS
+    from bnlab.paths import CONFIGS
 
-    cells = sorted({tuple(spec.cell_overrides(raw, c))
-                    for raw in (yaml.safe_load(p.read_text())
-                                for p in sorted(EXPERIMENTS.glob("*/sweep.yaml")))
-                    for c in raw["cells"]})
+    cells = spec.committed_cells()
     cells = cells[:b.n(len(cells), 20)]
     two, one = [], []
     for _ in range(b.n(3, 1)):

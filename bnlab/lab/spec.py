@@ -238,6 +238,17 @@ def cell_overrides(raw: dict, cell: dict) -> list[str]:
     return [f"experiment={raw['experiment']}", *cell.get("overrides", [])]
 
 
+def committed_cells() -> list[list[str]]:
+    """Every cell's overrides (cell_overrides) over the committed specs
+    (experiments/*/sweep.yaml), each once, sorted."""
+    from bnlab.paths import EXPERIMENTS
+
+    return [list(ov) for ov in sorted(
+        {tuple(cell_overrides(raw, c)) for raw in (yaml.safe_load(p.read_text())
+                                                  for p in sorted(EXPERIMENTS.glob("*/sweep.yaml")))
+         for c in raw["cells"]})]
+
+
 def data_tag(cfg: dict) -> str:
     """Which data the runs saw: `cifar10-<training images>` (or `synthetic-<n>`)."""
     from bnlab.config import check_data

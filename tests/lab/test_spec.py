@@ -39,15 +39,6 @@ def resolved_by_hydra(overrides: list[str]) -> dict:
     return cfg
 
 
-def committed_cells() -> list[list[str]]:
-    """Each committed cell's overrides, as spec_from builds them, once each."""
-    cells = []
-    for p in SPECS:
-        raw = yaml.safe_load(p.read_text())
-        cells += [spec.cell_overrides(raw, c) for c in raw["cells"]]
-    return [list(ov) for ov in sorted({tuple(ov) for ov in cells})]
-
-
 def first_cells() -> list[list[str]]:
     """The first cell of each committed spec, as spec_from builds it."""
     firsts = []
@@ -80,7 +71,7 @@ def test_each_committed_specs_first_cell_composes_the_same_from_the_cache(cache,
 
 @pytest.mark.slow  # CI time (10 s: over 200 compositions); make test-slow runs it
 def test_every_committed_cell_composes_the_same_from_the_cache(cache, monkeypatch):
-    cells = committed_cells()
+    cells = spec.committed_cells()
     assert len(cells) > 200
     read_back(cells, cache, monkeypatch)
 
@@ -135,7 +126,7 @@ def test_two_steps_compose_what_hydra_composes_in_one():
 
 @pytest.mark.slow  # CI time (about a minute: 214 compositions in one step); make test-slow
 def test_every_committed_cell_composes_in_two_steps_what_hydra_composes_in_one():
-    for ov in committed_cells():
+    for ov in spec.committed_cells():
         assert two_steps(ov) == whole(ov), ov
 
 
