@@ -313,9 +313,9 @@ def short(fix: str) -> str:
 
 
 def share_words(e: dict, first: bool) -> str:
-    """'SyncBN gets back 95% of BN's loss, recovers (95% CI 80 to 110)' (`first`), else 'SyncBN
-    95%, recovers (80 to 110)'; 'all, recovers' where its runs equal the reference's; its state
-    where it has no share."""
+    """'SyncBN gets back 95% of BN's loss (95% CI 80 to 110), recovers' (`first`), else 'SyncBN
+    95% (80 to 110), recovers': each interval beside the share it bounds; 'all, recovers' where
+    its runs equal the reference's; its state where it has no share."""
     name = short(e["fix"])
     if e.get("identical"):  # its runs are the reference's: no interval to give
         return f"{name} gets back all of BN's loss, {e['state']} (its runs equal 1 x 8's)" \
@@ -323,8 +323,8 @@ def share_words(e: dict, first: bool) -> str:
     if e.get("share") is None or e.get("lo") is None:
         return f"{name} {e['state']}"
     ci = f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f}"
-    return (f"{name} gets back {100 * e['share']:.0f}% of BN's loss, {e['state']} (95% CI "
-            f"{ci})" if first else f"{name} {100 * e['share']:.0f}%, {e['state']} ({ci})")
+    return (f"{name} gets back {100 * e['share']:.0f}% of BN's loss (95% CI {ci}), "
+            f"{e['state']}" if first else f"{name} {100 * e['share']:.0f}% ({ci}), {e['state']}")
 
 
 def at_forty(got: dict) -> str:

@@ -66,7 +66,7 @@ def test_each_fix_is_judged_against_the_reference_and_bn(tmp_path):
         advice["fixes"]["ln"]["state"] == "no better"  # the doctor's gn line reads its entry
     f = recover.finding(recover.Recover(d))[0]
     assert f.text.startswith("At 4 x 2 on resnet20, SyncBN over all 4 ranks gets back ") and \
-        f.text.endswith(" and GroupNorm 50%, partly (50 to 50); LayerNorm does no better than BN.")
+        f.text.endswith(" and GroupNorm 50% (50 to 50), partly; LayerNorm does no better than BN.")
 
 
 def test_a_seed_still_to_come_leaves_the_fix_undecided_and_no_finding(tmp_path):
@@ -118,15 +118,15 @@ def test_the_finding_says_when_no_fix_without_communication_does_better(monkeypa
                              "best_free": fixes["precise"]}}
     monkeypatch.setattr(recover.words, "picks", lambda data, inp: by_input.get(inp))
     assert recover.finding(None)[0].text == (
-        "At 4 x 2 on resnet20, SyncBN over all 4 ranks gets back 80% of BN's loss, partly (95% "
-        "CI 70 to 90); no fix without per-step communication beats BN.")
+        "At 4 x 2 on resnet20, SyncBN over all 4 ranks gets back 80% of BN's loss (95% CI 70 "
+        "to 90), partly; no fix without per-step communication beats BN.")
     assert len(recover.finding(None)) == 1  # nothing to set under table-practice's yet
     by_input["resnet18 32 px"] = {"fixes": other, "values": 2, "best": other["gn"],
                                   "best_free": other["gn"]}
     assert recover.finding(None)[0].text == (
-        "At 4 x 2, on resnet20 (128 values) SyncBN regains 80% of BN's loss, partly (95% CI "
-        "70 to 90), none without cross-GPU communication does; on resnet18 at 32 px (2 values) "
-        "GroupNorm 90%, recovers (80 to 100).")
+        "At 4 x 2, on resnet20 (128 values) SyncBN regains 80% of BN's loss (95% CI 70 to "
+        "90), partly, none without cross-GPU communication does; on resnet18 at 32 px (2 values) "
+        "GroupNorm 90% (80 to 100), recovers.")
     # one story: finding 4's protocol and the demo's input beside this table's GroupNorm
     assert recover.finding(None)[0].after == (
         "Plain GroupNorm on resnet20 plateaus 4.0 points below BN in finding 2's table, which "
@@ -140,14 +140,14 @@ def test_the_finding_says_when_no_fix_without_communication_does_better(monkeypa
     under = recover.finding(None)[1]
     assert under.extends == "practice" and under.table == "recover" and under.text == (
         "On torchvision resnet18 at 32 px, 4 x 2 against 1 x 8: GroupNorm regains 90% of BN's "
-        "loss, recovers (95% CI 80 to 100).")
+        "loss (95% CI 80 to 100), recovers.")
     shown = re.sub(r"\]\([^)]*\)", "]", under.line())  # as the README shows it
     assert len(shown.split()) <= 45  # the words issue: 45 for each line under a finding
     other["syncbn"] = entry("syncbn", "recovers", 9.5)
     by_input["resnet18 32 px"]["best"] = other["syncbn"]
     assert recover.finding(None)[0].text.endswith(
-        "on resnet18 at 32 px (2 values) SyncBN 95%, recovers (85 to 105), communication-free "
-        "GroupNorm 90%, recovers (80 to 100).")
+        "on resnet18 at 32 px (2 values) SyncBN 95% (85 to 105), recovers, communication-free "
+        "GroupNorm 90% (80 to 100), recovers.")
     fixes["syncbn"] = entry("syncbn", "no better", 0.2)
     by_input["resnet20"]["best"] = fixes["syncbn"]
     assert "on resnet20 (128 values) no fix beats BN;" in \

@@ -106,11 +106,11 @@ def read_as_v3(data: Recover) -> str | None:
     return precise_as(data, 3)
 
 
-def states_in_words(by: rules.Rules = RULES) -> str:
+def states_in_words(by: rules.Rules = RULES, reference: str = "the 1 x 8 reference") -> str:
     """The states in plain words, with the two readings a reader trips on (the rules, as data,
-    are below the page's table in rules.yaml)."""
-    return (f"States: **recovers**: the fix ends within {by['recovers_gap']:g} points of the "
-            f"1 x 8 reference, and its interval rules out losing {by['recovers_interval']:g} or "
+    are below the page's table in rules.yaml; `reference`: what a fix's gap is against)."""
+    return (f"States: **recovers**: the fix ends within {by['recovers_gap']:g} points of "
+            f"{reference}, and its interval rules out losing {by['recovers_interval']:g} or "
             "more. **partly**: clearly better than bn (its gain's interval above 0) and clearly "
             "short of the reference (its gap's interval above 0). **no better**: its gain's "
             "interval reaches 0 (the seeds cannot tell it from bn), or it diverged where the "
@@ -148,11 +148,11 @@ def ranked(p: dict) -> str:
         if e.get("share") is None or e.get("lo") is None:
             parts.append(said(e))
         elif i == 0:
-            parts.append(f"{e['name']} gets back {100 * e['share']:.0f}% of BN's loss, "
-                         f"{e['state']} (95% CI {100 * e['lo']:.0f} to {100 * e['hi']:.0f})")
+            parts.append(f"{e['name']} gets back {100 * e['share']:.0f}% of BN's loss (95% CI "
+                         f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f}), {e['state']}")
         else:
-            parts.append(f"{e['name']} {100 * e['share']:.0f}%, {e['state']} ("
-                         f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f})")
+            parts.append(f"{e['name']} {100 * e['share']:.0f}% ({100 * e['lo']:.0f} to "
+                         f"{100 * e['hi']:.0f}), {e['state']}")
     free = [f for f in p["fixes"] if f in COMMUNICATION_FREE]
     if not better:
         tail = "no fix beats BN"
@@ -174,8 +174,9 @@ def best_two(p: dict, first: bool = True, short: dict[str, str] = SHORT) -> str:
             return said(e)
         ci = f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f}"
         name = short.get(e["fix"], e["name"])
-        return (f"{name} regains {100 * e['share']:.0f}% of BN's loss, {e['state']} (95% CI "
-                f"{ci})" if words else f"{name} {100 * e['share']:.0f}%, {e['state']} ({ci})")
+        pct = f"{100 * e['share']:.0f}%"
+        return (f"{name} regains {pct} of BN's loss (95% CI {ci}), {e['state']}" if words
+                else f"{name} {pct} ({ci}), {e['state']}")
 
     best, free = p["best"], p.get("best_free")
     if best["state"] == "no better":
