@@ -148,9 +148,10 @@ def kernels_said(infos: list[dict]) -> str:
 
 
 def crossed(cells: list[CellResult]) -> list[str]:
-    """The seeds whose runs in different cells computed on different recorded kernels, naming
-    the cells on each (the most common kernels' cells counted, where there are more than
-    three): a comparison paired on such a seed mixes the floats' noise into it."""
+    """The seeds whose runs in different cells computed on different recorded kernels, a line
+    each under one heading, naming the cells on each (the most common kernels' cells counted,
+    where there are more than three): a comparison paired on such a seed mixes the floats'
+    noise into it."""
     by_seed: dict[int, dict[str, list[str]]] = {}
     for c in cells:
         for r in c.runs:
@@ -159,9 +160,9 @@ def crossed(cells: list[CellResult]) -> list[str]:
     mixed = {s: caps for s, caps in sorted(by_seed.items()) if len(caps) > 1}
     if not mixed:
         return []
-    return ["- Paired seeds across kernels: " + "; ".join(
-        f"seed {s}: {on_kernels(caps)}" for s, caps in mixed.items()) +
-        " (a gap paired on such a seed carries the kernels' float differences too)"]
+    return ["- Paired seeds across kernels (a gap paired on such a seed carries the kernels' "
+            "float differences too):",
+            *(f"  - seed {s}: {on_kernels(caps)}" for s, caps in mixed.items())]
 
 
 def on_kernels(caps: dict[str, list[str]]) -> str:

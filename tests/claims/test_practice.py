@@ -128,6 +128,8 @@ def test_a_norm_higher_at_fewer_images_per_rank_counts_as_flat_and_the_page_says
     assert ("Ends higher than at its own 8 x 16 (a negative gap): GroupNorm + WS at 8 x 2, -2.0 "
             "(-2.0 to -2.0). Rule flat bounds a loss only, so a gain counts as flat; a run takes "
             "1,200 optimizer steps at 8 x 16, 1,200 optimizer steps at 8 x 8") in md
+    assert "(30 epochs each: fewer images per rank make more, smaller steps over the same " \
+        "epochs)." in md  # why the steps differ
     assert "Ends higher than at its own" not in practice.render(practice.Practice(RunsData(
         spec, made_up(), "cifar10-5085", tmp_path, tmp_path)))
 

@@ -198,7 +198,8 @@ def gains_lines(cells: list[CellResult]) -> list[str]:
     return [f"Ends higher than at its own 8 x 16 (a negative gap): {'; '.join(got)}. Rule flat "
             "bounds a loss only, so a gain counts as flat; a run takes "
             f"{', '.join(f'{n} optimizer steps at 8 x {b}' for b, n in steps.items())} "
-            f"({ref.epochs if ref else '-'} epochs each).", ""]
+            f"({ref.epochs if ref else '-'} epochs each: fewer images per rank make more, "
+            "smaller steps over the same epochs).", ""]
 
 
 def images(d: table.RunsData) -> str:
