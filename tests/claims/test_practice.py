@@ -165,6 +165,7 @@ def test_a_diverged_seed_gives_the_worse_state_and_bn_diverged_gives_no_share(sp
     assert practice.finding(d)[0].text.startswith(
         "BN breaks at 8 x 2 on resnet20 (it diverged on 1 of 3 seeds where 8 x 16 did not); ")
     assert "regains" not in practice.finding(d)[0].text  # no share where bn diverged
+    assert "| 79.7, 80.7, seed 2 diverged |" in practice.render(d)  # each seed's end
     sync = swap(made_up(), cell("syncbn4", 2, [80.0, 81.0, 79.5], diverged=(0,)))
     assert practice.fix_at_two(sync, practice.find(sync, "syncbn4", 2))["state"] == "no better"
     gnws = swap(made_up(), cell("gnws", 8, [79.0, 79.6, 78.9], diverged=(1,)))
@@ -254,6 +255,7 @@ def test_the_page_and_figure_build_from_runs_and_before_any(spec, tmp_path):
         assert f"[table-{t}](../{t}/table.md)" in md
     assert "| 8 x 16 | +2.0 (1.8 to 2.2) | +1.0 (1.0 to 1.0) |" in md  # gn at twice the length
     assert "| 8 x 2 | +2.0 (1.8 to 2.2) | to come |" in md
+    assert "| bn 8x16 | 0.1 | 30 | 3 | 1,200 | 0.500 | 80.0, 81.0, 79.5 |" in md  # each seed
     practice.plot(d, tmp_path / "practice.png")
     assert (tmp_path / "practice.png").stat().st_size > 10_000
     waiting = practice.Practice(None, "its spec is to come")

@@ -106,8 +106,8 @@ def render(data: Practice) -> str:
                       "-" if m is None else gap_cell(m["gain"]), share,
                       "to come" if m is None else m["state"]])
     lrows = [[c.cell.label, f"{c.cell.meta['lr']:g}", str(c.epochs), c.seeds_note(),
-              steps_of(c), fmt(np.mean(losses) if (losses := final_losses(c)) else None, 3)]
-             for c in cells]
+              steps_of(c), fmt(np.mean(losses) if (losses := final_losses(c)) else None, 3),
+              by_seed(c)] for c in cells]
     return table.runs_page(d, "\n".join([
         f"Test accuracy of resnet20 on the CIFAR-10 subset ({images(d)}) at the end of "
         "training (the mean over the evaluations of its last tenth), mean over "
@@ -131,9 +131,9 @@ def render(data: Practice) -> str:
                        "share of bn's loss", "state"], frows), "",
         *best_lines(data), *weak_lines(cells, fixes),
         *doctor_lines(cells), *longer_lines(cells), *published_lines(cells),
-        "## Every cell: rate, length, steps and final train loss", "",
+        "## Every cell: rate, length, steps, final train loss and each seed's end", "",
         page.md_table(["cell", "lr at 128", "epochs", "seeds", "steps per run",
-                       "final train loss (mean)"], lrows), "",
+                       "final train loss (mean)", "end acc by seed (%)"], lrows), "",
         *rules_lines(data), ""]))
 
 
@@ -215,6 +215,14 @@ def pilot_lines(data: Practice) -> list[str]:
         return []
     return ["From its pilot ([table-practicepilot](../practicepilot/table.md), on held-out "
             "training images):", "", *(f"- {x}." for x in data.pilot), ""]
+
+
+def by_seed(c: CellResult) -> str:
+    """Each seed's end accuracy, in seed order ('seed 1 diverged' where one did), so that a
+    reader sees which seed widens an interval."""
+    ends = per_seed(c)
+    return ", ".join(f"{ends[r.seed]:.1f}" if r.seed in ends else f"seed {r.seed} diverged"
+                     for r in sorted(c.runs, key=lambda r: r.seed)) or "-"
 
 
 def steps_of(c: CellResult) -> str:
