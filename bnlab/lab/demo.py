@@ -8,7 +8,7 @@ their validation curves and jitter, built only from the runs' own logs.
 
 The default data is the synthetic set made easy (per-pixel noise 0.2 instead of 1.2): each
 class is a smooth colour pattern, so a model that trains well reaches ~100% within the demo's
-200 steps, and what stays in its curve is the jitter. The model is C1's as reported, torchvision
+250 steps, and what stays in its curve is the jitter. The model is C1's as reported, torchvision
 resnet18: at 32x32 inputs its last stage holds 1x1 maps, so at 2 images per rank BN
 normalizes over 2 values per channel (the run's warning names those layers).
 """
