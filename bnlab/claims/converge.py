@@ -322,9 +322,7 @@ def share_words(e: dict, first: bool) -> str:
             if first else f"{name} all, {e['state']} (its runs equal 1 x 8's)"
     if e.get("share") is None or e.get("lo") is None:
         return f"{name} {e['state']}"
-    ci = f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f}"
-    return (f"{name} gets back {100 * e['share']:.0f}% of BN's loss (95% CI {ci}), "
-            f"{e['state']}" if first else f"{name} {100 * e['share']:.0f}% ({ci}), {e['state']}")
+    return recover.share_clause(name, e, first)
 
 
 def at_forty(got: dict) -> str:

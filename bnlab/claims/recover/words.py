@@ -137,6 +137,15 @@ def beside_others() -> str:
             "px, this table's second input, where BN normalizes 2 values per channel per rank.")
 
 
+def share_clause(name: str, e: dict, words: bool, verb: str = "gets back") -> str:
+    """A fix's share of BN's loss with its interval beside it, then its state: 'SyncBN gets
+    back 95% of BN's loss (95% CI 80 to 110), recovers' (`words`), else 'SyncBN 95% (80 to
+    110), recovers' (an entry of advice.json's form, with its share and interval)."""
+    pct, ci = f"{100 * e['share']:.0f}%", f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f}"
+    return (f"{name} {verb} {pct} of BN's loss (95% CI {ci}), {e['state']}" if words
+            else f"{name} {pct} ({ci}), {e['state']}")
+
+
 def ranked(p: dict) -> str:
     """One input's ranking in a clause: each fix that does better than bn, best first, with the
     share of bn's loss it gets back and its interval, then the fixes ruled no better."""
@@ -147,12 +156,8 @@ def ranked(p: dict) -> str:
     for i, e in enumerate(better):
         if e.get("share") is None or e.get("lo") is None:
             parts.append(said(e))
-        elif i == 0:
-            parts.append(f"{e['name']} gets back {100 * e['share']:.0f}% of BN's loss (95% CI "
-                         f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f}), {e['state']}")
         else:
-            parts.append(f"{e['name']} {100 * e['share']:.0f}% ({100 * e['lo']:.0f} to "
-                         f"{100 * e['hi']:.0f}), {e['state']}")
+            parts.append(share_clause(e["name"], e, i == 0))
     free = [f for f in p["fixes"] if f in COMMUNICATION_FREE]
     if not better:
         tail = "no fix beats BN"
@@ -172,11 +177,7 @@ def best_two(p: dict, first: bool = True, short: dict[str, str] = SHORT) -> str:
     def share(e: dict, words: bool) -> str:
         if e.get("share") is None or e.get("lo") is None:
             return said(e)
-        ci = f"{100 * e['lo']:.0f} to {100 * e['hi']:.0f}"
-        name = short.get(e["fix"], e["name"])
-        pct = f"{100 * e['share']:.0f}%"
-        return (f"{name} regains {pct} of BN's loss (95% CI {ci}), {e['state']}" if words
-                else f"{name} {pct} ({ci}), {e['state']}")
+        return share_clause(short.get(e["fix"], e["name"]), e, words, "regains")
 
     best, free = p["best"], p.get("best_free")
     if best["state"] == "no better":
