@@ -33,6 +33,7 @@ from bnlab.claims.practice.cells import (
     bn_states,
     find,
     fix_at_two,
+    fixes_at_two,
     flatness,
     gap,
     load,
@@ -92,11 +93,9 @@ def render(data: Practice) -> str:
         verdict, each = flatness(cells, f)
         grows.append([f"{NAMES[f]}: gap to its own 8 x 16 (across batches: {verdict})", "-",
                       *[gap_cell(*each[b]) for b in BATCHES[1:]]])
-    fixes = [c for c in cells if c.cell.meta["per_rank"] == 2 and not c.cell.meta.get("longer")
-             and c.cell.meta["fix"] != "bn"]
+    fixes = [(c, fix_at_two(cells, c)) for c in fixes_at_two(cells)]  # measured once each
     frows = []
-    for c in fixes:
-        m = fix_at_two(cells, c)
+    for c, m in fixes:
         share = "-" if m is None or not math.isfinite(m["share"][0]) else \
             f"{100 * m['share'][0]:.0f}%" + (f" ({100 * m['share'][1]:.0f} to "
                                              f"{100 * m['share'][2]:.0f})" if m["share"][1]
@@ -159,18 +158,20 @@ def best_lines(data: Practice) -> list[str]:
     return [f"{rule}: here {best['name']} ({best['state']}){other}.", ""]
 
 
-def weak_lines(cells: list[CellResult], fixes: list[CellResult]) -> list[str]:
+def weak_lines(cells: list[CellResult], fixes: list[tuple[CellResult, dict | None]]
+               ) -> list[str]:
     """Where the evidence at 8 x 2 is weak, said from the numbers: bn's own loss (what every
     share divides by) where its interval reaches below the break rule's points, and each fix
-    that recovers by its gap to the reference while its gain over bn there reaches 0."""
+    that recovers by its gap to the reference while its gain over bn there reaches 0 (`fixes`:
+    each fix's cell at 8 x 2 with its fix_at_two)."""
     said = []
     b, state = bn_states(cells)[2]
     if state == "breaks" and b is not None and not b["lost"] and b["lo"] is not None \
             and b["lo"] < RULES["break_points"]:
         said.append(f"bn's own loss at 8 x 2, {gap_cell(b)}, which every share divides by, "
                     f"has an interval reaching below the rule's {RULES['break_points']:g} points")
-    weak = [(NAMES[c.cell.meta["fix"]], gap_cell(m["gain"])) for c in fixes
-            if (m := fix_at_two(cells, c)) is not None and m["state"] == "recovers"
+    weak = [(NAMES[c.cell.meta["fix"]], gap_cell(m["gain"])) for c, m in fixes
+            if m is not None and m["state"] == "recovers"
             and m["gain"]["lo"] is not None and m["gain"]["lo"] <= 0]
     if weak:
         one = len(weak) == 1

@@ -91,6 +91,12 @@ def flatness(cells: list[CellResult], fix: str) -> tuple[str, dict[int, tuple[di
     return verdict, each
 
 
+def fixes_at_two(cells: list[CellResult]) -> list[CellResult]:
+    """The fixes' cells at 8 x 2 (bn and the longer gn runs left out), in the spec's order."""
+    return [c for c in cells if c.cell.meta["per_rank"] == 2 and not c.cell.meta.get("longer")
+            and c.cell.meta["fix"] != "bn"]
+
+
 def fix_at_two(cells: list[CellResult], c: CellResult, v3: bool = False) -> dict | None:
     """A fix at 8 x 2 against the 8 x 16 reference and bn at 8 x 2: table-recover's state and
     the share of bn's loss it gets back (where bn breaks at 8 x 2 and ended every seed; `v3`:

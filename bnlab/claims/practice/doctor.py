@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bnlab.claims.practice.cells import Practice, bn_states, find, fix_at_two
+from bnlab.claims.practice.cells import Practice, bn_states, find, fix_at_two, fixes_at_two
 from bnlab.claims.practice.spec import BATCHES, JUDGED, NAMES, RANKS
 from bnlab.claims.recover.cells import best_of, entry, fewest_values
 from bnlab.doctor import MIN_IMAGES, MIN_VALUES, at_risk
@@ -102,9 +102,7 @@ def advice_row(data: Practice, v3: bool = False) -> dict | None:
     if data.runs is None:
         return None
     cells = data.runs.cells
-    at_two = [c for c in cells if c.cell.meta["per_rank"] == 2 and not c.cell.meta.get("longer")
-              and c.cell.meta["fix"] != "bn"]
-    ms = {c.cell.meta["fix"]: (c, fix_at_two(cells, c, v3)) for c in at_two}
+    ms = {c.cell.meta["fix"]: (c, fix_at_two(cells, c, v3)) for c in fixes_at_two(cells)}
     if not ms or any(m is None for _, m in ms.values()):
         return None
     return {"table": "table-practice", "input": "resnet20",
