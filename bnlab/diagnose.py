@@ -105,7 +105,8 @@ class Diagnosis:
             lines.append(f"Structural risk: {len(self.at_risk)} of {len(self.layers)} BN layers "
                          f"are at risk at {self.batch_per_rank} samples per rank (the doctor's "
                          "rule): share statistics across ranks, bnlab.convert(model, 'syncbn', "
-                         f"sync_group=k), k ranks reaching 8 samples ({self.doctor} names k).")
+                         f"sync_group=k), k ranks reaching {doctor.MIN_IMAGES} samples "
+                         f"({self.doctor} names k).")
             free = without_communication(f"{self.doctor} lists them", self.values)
             lines.append(f"Or, {free}")
         elif self.batch_per_rank is not None:

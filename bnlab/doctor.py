@@ -11,9 +11,10 @@ packages), or a bnlab checkpoint / run directory. One forward pass of one zero i
 
 A batch-statistics layer normalizes each channel over N samples, N x (spatial size) values:
 N is the per-rank batch for bn and the sync group's batch for syncbn. It is at risk under
-`--min-images` samples (default 8: below 8 per GPU BN's error grows, Wu & He 2018, and
-bnlab's table-batch measures the same on CIFAR-10; the pixels of one image are far from
-independent) or under `--min-values` values (default 16; at 1 value BN cannot train at all).
+`--min-images` samples (default 4: table-practice, over 8 ranks on CIFAR-10, found BN holding
+at 8 and 4 images per rank and breaking at 2, and moved it from Wu & He's 8 per GPU by its
+rule doctor_change; the pixels of one image are far from independent) or under
+`--min-values` values (default 16; at 1 value BN cannot train at all).
 GroupNorm, LayerNorm, InstanceNorm, EvoNorm-S0 and frozen BN do not depend on the batch and are
 listed for completeness. Exit status: 0 when no layer is at risk, 1 when some are (for CI), 2 for
 bad input.
@@ -177,7 +178,7 @@ def _layer_group(m: nn.Module, world: int, sync_group: int, norm: str | None) ->
 
 def recommend(layers: list[Layer], world: int, batch: int, min_values: int,
               min_images: int, grad_accum: int = 1) -> list[str]:
-    """The fixes, with numbers: the smallest sync group reaching both thresholds (or 8 samples),
+    """The fixes, with numbers: the smallest sync group reaching both thresholds (or `min_images`),
     table-recover's best fix without communication, GN groups, the per-rank batch alone; with
     `grad_accum` micro-batches a step, first that accumulating does not enlarge BN's batch."""
     bns = [layer for layer in layers if layer.batch_dependent]

@@ -430,3 +430,15 @@ def test_the_readme_s_findings_fit_1800_characters_once_this_table_tells_finding
     assert "Pilot:" not in shown[0] and "Values:" not in shown[0]  # no finding uses them now
     assert sum(map(len, shown)) <= 1800, "\n".join(f"{len(s)} {s}" for s in shown)
     print(shown[2], sum(map(len, shown)), "characters")
+
+
+def test_the_doctor_s_images_threshold_is_the_one_doctor_change_gave():
+    """The committed judgment (bnlab/measured/practice.json, from the committed runs) and
+    bnlab's default agree: rule doctor judged 8 images and 16 values, doctor_change gave the
+    smallest per-rank batch at which bn held, and that is MIN_IMAGES."""
+    from bnlab import advice
+    from bnlab.defaults import MIN_IMAGES, MIN_VALUES
+
+    j = json.loads(advice.PRACTICE.read_text())["thresholds"]
+    assert j["judged"] == {"images": 8, "values": 16} and j["answer"].startswith("not supported")
+    assert (j["change"], MIN_VALUES) == (MIN_IMAGES, 16)

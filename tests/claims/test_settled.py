@@ -610,7 +610,8 @@ def test_samples_govern_when_the_images_per_rank_decide_and_the_values_do_not(tm
     assert values.governs(d)[0] == "samples govern"
     doc, instead = values.thresholds(d)
     assert instead == "an images threshold above 2 and at most 4; no values threshold"
-    assert "3 holding cell(s) flagged" in doc  # the 4-image cells: the doctor wants 8 images
+    # the 4-image cells hold; the doctor (4 images, 16 values) flags 32 px's, 4 values a channel
+    assert "1 holding cell(s) flagged: 4 values from 4 images" in doc
 
 
 def test_both_and_neither_alone(tmp_path):
@@ -630,8 +631,18 @@ COMMITTED = {("resnet18 32 px", 2): 20.0, ("resnet18 32 px", 4): 7.0, ("resnet20
 # cell breaks
 
 
-def test_where_no_count_rule_fits_the_table_says_how_close_the_doctor_s_comes(tmp_path):
+def test_where_no_count_rule_fits_the_table_says_how_close_the_doctor_s_comes(tmp_path,
+                                                                            monkeypatch):
     d = values_data(tmp_path, COMMITTED)
+    # at bnlab's thresholds (4 images, 16 values) the 4-image cell at 256 values goes unflagged
+    assert ("The doctor's rule misses 1 of the 6 breaking cells and flags no holding cell. "
+            "Below 4 images per rank, BN broke in all 4 cells, at 2 to 128 values per channel"
+            ) in values.count_rules(d)
+    # at the thresholds table-values first judged (8 images, as before table-practice's rule
+    # doctor_change moved them), the doctor flags every judged cell
+    monkeypatch.setattr(values.doctor, "MIN_IMAGES", 8)
+    monkeypatch.setattr(values.doctor, "flagged",
+                        lambda m: values.doctor.at_risk(m["images"], m["values"], min_images=8))
     assert values.governs(d)[0] == "neither alone"
     rules = values.count_rules(d)
     assert rules.startswith(
@@ -700,9 +711,11 @@ def test_a_few_cells_in_words():
         return {"images": i, "values": v, "state": st}
     assert values.few_images([cell(8, 16, "holds")]) == ""
     assert values.few_images([cell(2, 16, "breaks")]) == (
-        "below 8 images per rank, BN broke in the one cell, at 16 values per channel")
+        "below 4 images per rank, BN broke in the one cell, at 16 values per channel")
     assert values.few_images([cell(2, 16, "holds"), cell(4, 16, "holds")]) == (
-        "below 8 images per rank, BN broke in none of the 2 cells")
+        "below 4 images per rank, BN broke in no cell")  # 4 images: at the threshold
+    assert values.few_images([cell(2, 16, "holds"), cell(3, 16, "holds")]) == (
+        "below 4 images per rank, BN broke in none of the 2 cells")
     assert [values.cells(k, n, "holding") for k, n in [(0, 1), (2, 2), (3, 3), (1, 3)]] == [
         "no holding cell", "both holding cells", "all 3 holding cells", "1 of the 3 holding cells"]
 
@@ -802,7 +815,7 @@ def test_when_nothing_breaks_the_doctor_flags_too_much(tmp_path):
     d = values_data(tmp_path, {})
     assert values.governs(d)[0] == "BN does not break in this range"
     doc, instead = values.thresholds(d)
-    assert doc.startswith("not supported (7 holding cell(s) flagged")
+    assert doc.startswith("not supported (5 holding cell(s) flagged")  # all but 16 and 256
     assert instead == "nothing to flag from 1 image and 2 values per channel up"
 
 
