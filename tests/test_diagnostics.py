@@ -136,8 +136,8 @@ def test_the_doctor_mode_lists_layers_at_risk_without_a_checkpoint(tmp_path):
     r = run_here("evaluate.py", *args, cwd=tmp_path)
     assert r.returncode == 1, r.stderr  # the doctor's status: layers at risk
     assert "| layer4.1.bn2 | bn | 512 | 2 | 2 | 2 | yes |" in r.stdout
-    assert ("syncbn with --sync-group 4 gives 8 samples a group; no group gives layer4.0.bn1 "
-            "16 values per channel (it gets 8)") in r.stdout
+    assert ("syncbn with --sync-group 2 gives 4 samples a group; no group gives layer4.0.bn1 "
+            "16 values per channel (it gets 4)") in r.stdout  # the doctor's 4 samples
     r = run_here("evaluate.py", *args, "doctor.norm=syncbn", cwd=tmp_path)
     assert r.returncode == 1, r.stderr  # layer4 still at risk: 8 values per channel
     assert "| layer4.1.bn2 | syncbn | 512 | 2 | 8 | 8 | yes |" in r.stdout

@@ -39,6 +39,8 @@ def test_resnet50_at_8_by_2_is_at_risk_in_every_layer_and_syncbn_2_fixes_it(caps
     low = min(r["layers"], key=lambda layer: layer["per_rank"])
     assert low["per_rank"] == 2 * 7 * 7 and low["images"] == 2  # 7x7 in layer4 at 224
     assert r["recommendations"][0].startswith("syncbn with --sync-group 2 (4 samples")
+    assert "    table-recover at 4 ranks x 2 on resnet20" in r["recommendations"][0] and \
+        "SyncBN in groups of 2 ranks (syncbn2)" in r["recommendations"][0]  # 4 samples too
     assert r["recommendations"][1].startswith("without per-step communication")
     from bnlab import advice  # the group count table-recover measured gn at, where one is
 

@@ -188,8 +188,8 @@ def verdicts(d: RunsData) -> list[Verdict]:
 
 
 def below(ms: list[dict]) -> str:
-    """'; at batch 8 it flags a holding cell' where the doctor's thresholds are not supported
-    at global batch 8 ("" where they are)."""
+    """'; at batch 8 it misses a breaking cell' (or flags a holding one) where the doctor's
+    thresholds are not supported at global batch 8 ("" where they are)."""
     held = sum(m["state"] == "holds" and doctor_flags(m) for m in ms)
     missed = sum(m["state"] == "breaks" and not doctor_flags(m) for m in ms)
     said = [f"flags {'a' if held == 1 else held} holding cell{'s' * (held > 1)}" if held else "",

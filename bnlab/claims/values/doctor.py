@@ -88,8 +88,8 @@ def cells(k: int, n: int, kind: str = "") -> str:
 
 
 def few_images(ms: list[dict]) -> str:
-    """'below 8 images per rank, BN broke in 6 of the 7 cells, at 2 to 256 values per
-    channel' (the doctor's images threshold; "" where no cell is below it)."""
+    """'below 4 images per rank, BN broke in all 4 cells, at 2 to 128 values per channel'
+    (the doctor's images threshold; "" where no cell is below it)."""
     below = [m for m in ms if m["images"] < MIN_IMAGES]
     broke = sorted(m["values"] for m in below if m["state"] == "breaks")
     if not below:
