@@ -26,8 +26,9 @@ from bnlab.lab.table import RunsData
 
 
 def flagged(m: dict) -> bool:
-    """The doctor's rule on a cell's smallest layer."""
-    return at_risk(m["images"], m["values"])
+    """The doctor's rule on a cell's smallest layer, at this module's thresholds (bnlab's,
+    read at each call, as few_images and count_rules read them)."""
+    return at_risk(m["images"], m["values"], min_values=MIN_VALUES, min_images=MIN_IMAGES)
 
 
 def misjudged(ms: list[dict]) -> tuple[list[dict], list[dict]]:
