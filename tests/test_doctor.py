@@ -73,7 +73,9 @@ def test_the_report_cites_the_table_that_measures_its_thresholds(capsys):
     at_4x2 = ("--model", "bnlab:resnet20", "--world", "4", "--batch-per-rank", "2")
     _, out, _ = _doctor(capsys, *at_4x2)
     assert f"{doctor.EVIDENCE} in bnlab's repository)" in out  # table-values, cited
-    assert out.rstrip().endswith("in bnlab's repository).")  # then table-practice, where it judged
+    from bnlab import advice  # then table-practice, which judged them too, last
+    practice = json.loads(advice.PRACTICE.read_text())["thresholds"]["table"]
+    assert out.rstrip().endswith(f"({practice}).")
     low = f"{doctor.MIN_IMAGES} samples and {doctor.MIN_VALUES} values per channel"
     assert f"{low} (bnlab's defaults)" in out
     _, out, _ = _doctor(capsys, *at_4x2, "--min-values", "4")
